@@ -1,0 +1,2 @@
+// Placeholder: implemented by the io/dtype work.
+#include "core/dtype.h"
