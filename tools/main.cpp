@@ -1,7 +1,36 @@
-// cpfill command-line entry point (placeholder until the subcommands land).
+// cpfill: command-line entry point. Parses the subcommand, runs it, and turns any error into one
+// "error: ..." line on stderr and a non-zero exit code (design.md §1; exit codes in docs/cli.md).
 #include <cstdio>
+#include <exception>
+#include <map>
 
-int main() {
-    std::puts("cpfill");
-    return 0;
+#include "core/error.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+    using namespace cpfill::tools;
+    CLI::App app{"cpfill: context-parallel prefill for DeepSeek-V4 models"};
+    app.require_subcommand(1);
+    std::map<CLI::App*, Runner> runners;
+    for (auto add :
+         {add_run_command, add_gen_model_command, add_inspect_command, add_demo_command}) {
+        Runner r = add(app);
+        runners[app.get_subcommands({}).back()] = r;
+    }
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    try {
+        for (auto& [cmd, run] : runners)
+            if (cmd->parsed()) return run();
+    } catch (const cpfill::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 2;
 }

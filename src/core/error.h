@@ -1,5 +1,6 @@
-// Errors: cpfill::Error and the CPFILL_CHECK family. Library code throws; only tools/ prints and exits.
-// Messages name what was expected and what was found; the throw site (file:line) is appended.
+// Errors: cpfill::Error and the CPFILL_CHECK family. Library code throws; only tools/ prints and
+// exits. Messages name what was expected and what was found; the throw site (file:line) is
+// appended.
 #pragma once
 
 #include <fmt/format.h>
@@ -10,7 +11,7 @@
 namespace cpfill {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
@@ -21,21 +22,21 @@ namespace detail {
 }  // namespace cpfill
 
 // CPFILL_CHECK(cond, "fmt {}", args...): throws cpfill::Error with the formatted message.
-#define CPFILL_CHECK(cond, ...)                                                           \
-    do {                                                                                  \
+#define CPFILL_CHECK(cond, ...)                                                                   \
+    do {                                                                                          \
         if (!(cond)) ::cpfill::detail::throw_error(__FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
     } while (0)
 
 // CPFILL_CHECK_EQ(a, b, "what"): "what: expected <b>, found <a>".
-#define CPFILL_CHECK_EQ(found, expected, ...)                                                \
-    do {                                                                                     \
-        const auto& cpfill_found_ = (found);                                                 \
-        const auto& cpfill_expected_ = (expected);                                           \
-        if (!(cpfill_found_ == cpfill_expected_))                                            \
-            ::cpfill::detail::throw_error(                                                   \
-                __FILE__, __LINE__,                                                          \
-                fmt::format("{}: expected {}, found {}", fmt::format(__VA_ARGS__),           \
-                            cpfill_expected_, cpfill_found_));                               \
+#define CPFILL_CHECK_EQ(found, expected, ...)                                      \
+    do {                                                                           \
+        const auto& cpfill_found_ = (found);                                       \
+        const auto& cpfill_expected_ = (expected);                                 \
+        if (!(cpfill_found_ == cpfill_expected_))                                  \
+            ::cpfill::detail::throw_error(                                         \
+                __FILE__, __LINE__,                                                \
+                fmt::format("{}: expected {}, found {}", fmt::format(__VA_ARGS__), \
+                            cpfill_expected_, cpfill_found_));                     \
     } while (0)
 
 #define CPFILL_FAIL(...) ::cpfill::detail::throw_error(__FILE__, __LINE__, fmt::format(__VA_ARGS__))

@@ -16,7 +16,8 @@ int64_t shape_numel(const Shape& s) {
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 Tensor Tensor::empty(DType dtype, Shape shape) {
-    for (int64_t d : shape) CPFILL_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+    for (int64_t d : shape)
+        CPFILL_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
     Tensor t;
     t.dtype_ = dtype;
     t.shape_ = std::move(shape);
@@ -46,7 +47,7 @@ Tensor Tensor::borrow(DType dtype, Shape shape, const void* data,
 }
 
 void* Tensor::raw_mut() {
-    CPFILL_CHECK(owned_, "tensor {} is a read-only view", shape_str(shape_));
+    if (!owned_) *this = clone();  // copy on write: a borrowed view is never written through
     return const_cast<void*>(data_);
 }
 
@@ -60,7 +61,7 @@ Tensor Tensor::reshaped(Shape shape) const {
 
 Tensor Tensor::clone() const {
     Tensor t = empty(dtype_, shape_);
-    if (nbytes() > 0) std::memcpy(t.raw_mut(), data_, nbytes());
+    if (nbytes() > 0 && data_) std::memcpy(t.raw_mut(), data_, nbytes());
     return t;
 }
 

@@ -18,7 +18,7 @@ int64_t shape_numel(const Shape& s);
 std::string shape_str(const Shape& s);  // "[2, 3]"
 
 class Tensor {
-public:
+  public:
     Tensor() = default;
     static Tensor empty(DType dtype, Shape shape);  // uninitialised
     static Tensor zeros(DType dtype, Shape shape);
@@ -35,7 +35,9 @@ public:
     bool defined() const { return data_ != nullptr || numel() == 0; }
 
     const void* raw() const { return data_; }
-    void* raw_mut();  // throws on a borrowed (read-only) tensor
+    // Mutable bytes. A borrowed (read-only) view is first copied into owned memory, so writing
+    // never touches the mapping it came from; use the const accessors to read without a copy.
+    void* raw_mut();
 
     template <class T>
     const T* data() const {
@@ -55,7 +57,7 @@ public:
     // Deep copy into owned memory.
     Tensor clone() const;
 
-private:
+  private:
     void check_type(size_t elem_size) const;
 
     DType dtype_ = DType::F32;

@@ -27,15 +27,16 @@ struct TensorInfo {
 
 // One mmapped safetensors file. Tensors returned by get() borrow the mapping (and keep it alive).
 class SafetensorsFile {
-public:
+  public:
     explicit SafetensorsFile(const std::string& path);  // throws cpfill::Error on any malformation
     const std::string& path() const { return path_; }
     const std::map<std::string, TensorInfo>& tensors() const { return infos_; }
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     bool has(const std::string& name) const { return infos_.count(name) > 0; }
-    Tensor get(const std::string& name) const;  // zero-copy view; throws if absent
+    // Zero-copy view (an owned copy when the bytes are misaligned for the dtype); throws if absent.
+    Tensor get(const std::string& name) const;
 
-private:
+  private:
     std::string path_;
     std::shared_ptr<const void> mapping_;  // the whole file
     const std::byte* data_ = nullptr;      // start of the data area
@@ -45,14 +46,13 @@ private:
 
 // Parses and validates a header (the JSON text) against a data area of `data_size` bytes.
 // Separate from the file so that the fuzzer can drive it.
-std::map<std::string, TensorInfo> parse_safetensors_header(const std::string& json_text,
-                                                           size_t data_size,
-                                                           const std::string& source,
-                                                           std::map<std::string, std::string>* metadata);
+std::map<std::string, TensorInfo> parse_safetensors_header(
+    const std::string& json_text, size_t data_size, const std::string& source,
+    std::map<std::string, std::string>* metadata);
 
 // A checkpoint folder or a single .safetensors file: all tensors by name across shards.
 class SafetensorsSet {
-public:
+  public:
     // `path`: a .safetensors file, or a folder with model.safetensors.index.json, or a folder with
     // exactly one or more *.safetensors files (all are read).
     explicit SafetensorsSet(const std::string& path);
@@ -61,7 +61,8 @@ public:
     const TensorInfo& info(const std::string& name) const;  // throws naming the tensor if absent
     Tensor get(const std::string& name) const;
 
-private:
+  private:
+    std::string path_;  // as given, for error messages
     std::vector<std::unique_ptr<SafetensorsFile>> files_;
     std::map<std::string, const SafetensorsFile*> where_;
 };

@@ -1,0 +1,17 @@
+// The MoE sub-block (dsv4-architecture.md §3.8) on the CPU backend: router (learned or hash) on all
+// rows, each routed expert and the shared expert over the rows that use it. With an expert slice
+// (tensor-parallel MoE) the result is this rank's partial sum; summing the partials of all slices
+// gives the full output.
+#pragma once
+
+#include <cstdint>
+
+#include "model/weights.h"
+
+namespace cpfill {
+
+// y: f32 [n, d_model] normed MoE input; tokens: [n] ids (hash routing); out: f32 [n, d_model].
+void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, const float* y,
+                 const int32_t* tokens, int64_t n, float* out);
+
+}  // namespace cpfill

@@ -1,0 +1,78 @@
+// DeepSeek-V4 weights as fp32 host tensors for the CPU backend, loaded from a Checkpoint by
+// canonical (official) names. Routed and shared experts may be loaded as a 1/parts slice of their
+// hidden width (rows of w1/w3, columns of w2) for the tensor-parallel MoE of design.md §4.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/model_config.h"
+
+namespace cpfill {
+
+class Checkpoint;
+
+struct MhcWeights {
+    Tensor fn;     // f32 [(2 + hc) · hc, hc · d_model]
+    Tensor base;   // f32 [(2 + hc) · hc]
+    Tensor scale;  // f32 [3]
+};
+
+struct CompressorWeights {
+    Tensor wkv;    // f32 [w · dim, d_model], w = 2 with the CSA overlap, else 1
+    Tensor wgate;  // f32 [w · dim, d_model]
+    Tensor ape;    // f32 [ratio, w · dim] position bias
+    Tensor norm;   // f32 [dim]
+};
+
+struct AttentionWeights {
+    Tensor wq_a, q_norm, wq_b;         // [q_rank, d_model], [q_rank], [n_heads · head_dim, q_rank]
+    Tensor wkv, kv_norm;               // [head_dim, d_model], [head_dim]
+    Tensor wo_a;                       // [o_groups · o_rank, n_heads · head_dim / o_groups]
+    Tensor wo_b;                       // [d_model, o_groups · o_rank]
+    Tensor sink;                       // [n_heads]
+    CompressorWeights compressor;      // CSA / HCA only
+    Tensor idx_wq_b;                   // CSA: [index_n_heads · index_head_dim, q_rank]
+    Tensor idx_weights_proj;           // CSA: [index_n_heads, d_model]
+    CompressorWeights idx_compressor;  // CSA: dim = index_head_dim
+};
+
+struct MoeWeights {
+    Tensor gate;              // [n_experts, d_model]
+    Tensor gate_bias;         // learned routing: [n_experts]
+    Tensor tid2eid;           // hash routing: i64 [vocab, top_k]
+    std::vector<Tensor> w13;  // per expert [2 · slice, d_model]: w1 rows then w3 rows
+    std::vector<Tensor> w2;   // per expert [d_model, slice]
+    Tensor shared_w13;        // [2 · slice, d_model]
+    Tensor shared_w2;         // [d_model, slice]
+};
+
+struct LayerWeights {
+    AttnType type;
+    MlpType mlp;
+    MhcWeights hc_attn, hc_ffn;
+    Tensor attn_norm, ffn_norm;  // [d_model]
+    AttentionWeights attn;
+    MoeWeights moe;
+};
+
+struct ExpertSlice {
+    int part = 0;   // which slice of the expert hidden width this rank holds
+    int parts = 1;  // how many slices (the CP size); moe_dim must be divisible by it
+};
+
+struct ModelWeights {
+    ModelConfig cfg;
+    ExpertSlice slice;
+    Tensor embed;                                    // [vocab, d_model]
+    Tensor head;                                     // [vocab, d_model]
+    Tensor norm;                                     // [d_model]
+    Tensor hc_head_fn, hc_head_base, hc_head_scale;  // [hc, hc · d_model], [hc], [1]
+    std::vector<LayerWeights> layers;
+
+    size_t bytes() const;  // fp32 bytes held
+};
+
+ModelWeights load_weights(const Checkpoint& ckpt, ExpertSlice slice = {});
+
+}  // namespace cpfill

@@ -1,0 +1,131 @@
+// The CPU forward against HF transformers float32 on every fixture in tests/data (made by
+// scripts/reference/generate.py): per-layer residual streams, final hidden state and logits within
+// 1e-4 relative (max-abs error / max-abs reference), and the same indexer selections as sets.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "core/parallel.h"
+#include "golden_util.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/forward.h"
+
+namespace cpfill {
+namespace {
+
+using testing::close;
+using testing::golden_fixtures;
+
+constexpr double kTolerance = 1e-4;  // design.md §3
+
+struct Fixture {
+    std::string dir;
+    ModelWeights weights;
+    std::unique_ptr<SafetensorsFile> ref;
+    int n_requests = 1;
+    std::string suffix(int r) const { return n_requests > 1 ? fmt::format("_{}", r) : ""; }
+};
+
+Fixture load_fixture(const std::string& dir) {
+    Fixture f;
+    f.dir = dir;
+    f.weights = load_weights(Checkpoint(dir));
+    f.ref = std::make_unique<SafetensorsFile>(dir + "/reference.safetensors");
+    f.n_requests = f.ref->has("input_ids") ? 1 : 0;
+    if (!f.n_requests)
+        while (f.ref->has(fmt::format("input_ids_{}", f.n_requests))) ++f.n_requests;
+    return f;
+}
+
+std::vector<int32_t> ids_of(const Tensor& t) {
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < t.numel(); ++i)
+        out.push_back(static_cast<int32_t>(t.data<int64_t>()[i]));
+    return out;
+}
+
+// Rows [row0, row0 + rows) of a [n, ...] tensor as a new tensor.
+Tensor rows_of(const Tensor& t, int64_t row0, int64_t rows) {
+    Shape s = t.shape();
+    const int64_t row = t.numel() / s[0];
+    s[0] = rows;
+    Tensor out = Tensor::empty(DType::F32, s);
+    std::copy(t.f32() + row0 * row, t.f32() + (row0 + rows) * row, out.f32());
+    return out;
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Golden, MatchesHfFloat32) {
+    Fixture f = load_fixture(GetParam());
+    ASSERT_GT(f.n_requests, 0) << "no input_ids in " << f.dir;
+    const ModelConfig& cfg = f.weights.cfg;
+    std::vector<std::vector<int32_t>> requests;
+    for (int r = 0; r < f.n_requests; ++r)
+        requests.push_back(ids_of(f.ref->get("input_ids" + f.suffix(r))));
+    Batch batch = make_batch(requests, cfg.vocab_size);
+    ThreadPool pool(2);
+    ForwardOptions opt;
+    opt.all_logits = opt.record_hidden = opt.record_topk = true;
+    ForwardOutput out = forward(f.weights, batch, opt, pool);
+
+    double worst = 0;
+    for (int r = 0; r < f.n_requests; ++r) {
+        const std::string sfx = f.suffix(r);
+        const int64_t row0 = batch.request_start[r], len = batch.request_len(r);
+        // hidden_states_i: streams after the embedding and layers 0 … L−2, then the final [S, D].
+        for (int i = 0; i <= cfg.n_layers; ++i) {
+            const Tensor& mine = out.hidden[i == cfg.n_layers ? cfg.n_layers + 1 : i];
+            testing::Diff d;
+            EXPECT_TRUE(
+                close(fmt::format("{} hidden_states_{}{}", f.dir, i, sfx), rows_of(mine, row0, len),
+                      f.ref->get(fmt::format("hidden_states_{}{}", i, sfx)), kTolerance, &d));
+            worst = std::max(worst, d.rel);
+        }
+        testing::Diff d;
+        EXPECT_TRUE(close(f.dir + " logits" + sfx, out.logits[r], f.ref->get("logits" + sfx),
+                          kTolerance, &d));
+        worst = std::max(worst, d.rel);
+        // Indexer selections, compared as sets per query.
+        for (int li = 0; li < cfg.n_layers; ++li) {
+            const std::string name = fmt::format("indexer_topk_{}{}", li, sfx);
+            if (cfg.layer_types[li] != AttnType::CSA) continue;
+            ASSERT_TRUE(f.ref->has(name)) << name;
+            Tensor ref = f.ref->get(name);
+            const Tensor& mine = out.topk[li];
+            const int64_t k_ref = ref.dim(1), k_mine = mine.dim(1);
+            int64_t mismatches = 0;
+            for (int64_t t = 0; t < len; ++t) {
+                std::set<int64_t> a, b;
+                for (int64_t j = 0; j < k_ref; ++j)
+                    if (ref.data<int64_t>()[t * k_ref + j] >= 0)
+                        a.insert(ref.data<int64_t>()[t * k_ref + j]);
+                for (int64_t j = 0; j < k_mine; ++j)
+                    if (mine.data<int32_t>()[(row0 + t) * k_mine + j] >= 0)
+                        b.insert(mine.data<int32_t>()[(row0 + t) * k_mine + j]);
+                if (a != b && mismatches++ < 3)
+                    ADD_FAILURE() << name << " query " << t << ": " << a.size() << " HF entries vs "
+                                  << b.size() << " selected differ";
+            }
+            EXPECT_EQ(mismatches, 0) << name;
+        }
+    }
+    RecordProperty("worst_relative_error", fmt::format("{:.3g}", worst));
+    std::printf("[ golden ] %s: worst relative error %.3g over hidden states and logits\n",
+                f.dir.c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(golden_fixtures()),
+                         [](const auto& info) {
+                             std::string n = info.param.substr(info.param.rfind('/') + 1);
+                             for (char& c : n)
+                                 if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                             return n;
+                         });
+
+TEST(GoldenData, FixturesArePresent) { EXPECT_GE(golden_fixtures().size(), 2u); }
+
+}  // namespace
+}  // namespace cpfill

@@ -1,0 +1,59 @@
+// cpfill inspect: a checkpoint's config, layer schedule, stored tensors by dtype, unused tensors
+// and the fp32 memory the CPU backend needs.
+#include <fmt/format.h>
+
+#include <map>
+
+#include "io/checkpoint.h"
+#include "tools/commands.h"
+
+namespace cpfill::tools {
+
+namespace {
+
+std::string gib(double bytes) { return fmt::format("{:.3f} GiB", bytes / (1ull << 30)); }
+
+int inspect(const std::string& dir) {
+    Checkpoint ck(dir);
+    ck.validate();
+    const ModelConfig& c = ck.config();
+    fmt::print("model {} (naming: {})\n", dir, ck.naming());
+    fmt::print("  vocab {}  d_model {}  layers {}  heads {} x {} (rope {})  q_rank {}\n",
+               c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.head_dim, c.rope_dim, c.q_rank);
+    fmt::print("  o_groups {} x o_rank {}  window {}  hc {}  experts {} (top {}, width {})\n",
+               c.o_groups, c.o_rank, c.window, c.hc, c.n_experts, c.top_k, c.moe_dim);
+    fmt::print("  indexer {} heads x {}, top-k {}; compress ratios CSA {} HCA {}\n",
+               c.index_n_heads, c.index_head_dim, c.index_topk, c.csa_ratio, c.hca_ratio);
+    fmt::print("  layers:");
+    for (int i = 0; i < c.n_layers; ++i)
+        fmt::print(" {}:{}/{}", i, attn_type_name(c.layer_types[i]), mlp_type_name(c.mlp_types[i]));
+    fmt::print("\n");
+    std::map<std::string, std::pair<int, double>> by_dtype;
+    double stored = 0, fp32 = 0;
+    for (const auto& spec : ck.specs().all()) {
+        StoredWeight w = ck.stored(spec.name);
+        auto& e = by_dtype[std::string(dtype_name(w.dtype))];
+        e.first += 1;
+        e.second += static_cast<double>(w.bytes);
+        stored += static_cast<double>(w.bytes);
+        fp32 += 4.0 * static_cast<double>(shape_numel(spec.shape));
+    }
+    for (const auto& [name, e] : by_dtype)
+        fmt::print("  {:8} {:6} weights  {}\n", name, e.first, gib(e.second));
+    fmt::print("  stored {}; CPU backend (fp32) needs {}\n", gib(stored), gib(fp32));
+    auto unused = ck.unused_tensors();
+    if (!unused.empty())
+        fmt::print("  {} stored tensors unused (e.g. {})\n", unused.size(), unused.front());
+    return 0;
+}
+
+}  // namespace
+
+Runner add_inspect_command(CLI::App& app) {
+    auto dir = std::make_shared<std::string>();
+    CLI::App* c = app.add_subcommand("inspect", "describe a checkpoint");
+    c->add_option("--model", *dir, "model folder")->required();
+    return [dir] { return inspect(*dir); };
+}
+
+}  // namespace cpfill::tools
