@@ -21,7 +21,7 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     weights_ = load_weights(ckpt);
     int threads = options.threads > 0 ? options.threads : default_thread_count();
     pool_ = std::make_unique<ThreadPool>(threads);
-    ops::set_blas_threads(threads);
+    ops::set_blas_threads(1);  // parallelism comes from the pool (ops/linear.h)
     load_seconds_ = seconds_since(t0);
 }
 

@@ -21,11 +21,12 @@ namespace {
 // projections, pooling, kv_norm, RoPE at the window's first position.
 void compress_requests(const CompressorWeights& W, const ModelConfig& cfg,
                        const ops::RopeTable& rope, const Batch& b, const float* xn, int ratio,
-                       int64_t dim, bool overlap, std::vector<LayerKv>& kv, bool index_keys) {
+                       int64_t dim, bool overlap, std::vector<LayerKv>& kv, bool index_keys,
+                       ThreadPool& pool) {
     const int64_t n = b.n_tokens(), D = cfg.d_model, width = overlap ? 2 * dim : dim;
     std::vector<float> c(n * width), z(n * width);
-    ops::linear(xn, n, D, W.wkv.f32(), width, c.data());
-    ops::linear(xn, n, D, W.wgate.f32(), width, z.data());
+    ops::linear(pool, xn, n, D, W.wkv.f32(), width, c.data());
+    ops::linear(pool, xn, n, D, W.wgate.f32(), width, z.data());
     const ops::PoolSpec spec{ratio, dim, overlap};
     for (int r = 0; r < b.n_requests(); ++r) {
         const int64_t start = b.request_start[r], n_entries = b.request_len(r) / ratio;
@@ -57,15 +58,15 @@ void attention_forward(const LayerWeights& L, const ModelConfig& cfg, const Rope
 
     // Queries: c_q = q_norm(x·wq_a), q = rope(rmsnorm_per_head(c_q·wq_b)).
     std::vector<float> cq(n * cfg.q_rank), q(n * Hd);
-    ops::linear(xn, n, D, A.wq_a.f32(), cfg.q_rank, cq.data());
+    ops::linear(pool, xn, n, D, A.wq_a.f32(), cfg.q_rank, cq.data());
     ops::rmsnorm(cq.data(), n, cfg.q_rank, A.q_norm.f32(), eps, cq.data());
-    ops::linear(cq.data(), n, cfg.q_rank, A.wq_b.f32(), Hd, q.data());
+    ops::linear(pool, cq.data(), n, cfg.q_rank, A.wq_b.f32(), Hd, q.data());
     ops::rmsnorm(q.data(), n * H, d, nullptr, eps, q.data());
     ops::apply_rope(rope, q.data(), n, Hd, H, d, b.pos.data(), false);
 
     // Window keys: kv = rope(kv_norm(x·wkv)), stored per request in position order.
     std::vector<float> k(n * d);
-    ops::linear(xn, n, D, A.wkv.f32(), d, k.data());
+    ops::linear(pool, xn, n, D, A.wkv.f32(), d, k.data());
     ops::rmsnorm(k.data(), n, d, A.kv_norm.f32(), eps, k.data());
     ops::apply_rope(rope, k.data(), n, d, 1, d, b.pos.data(), false);
     for (int r = 0; r < b.n_requests(); ++r) {
@@ -79,18 +80,18 @@ void attention_forward(const LayerWeights& L, const ModelConfig& cfg, const Rope
     const bool csa = L.type == AttnType::CSA;
     const int ratio = L.type == AttnType::CSA ? cfg.csa_ratio : cfg.hca_ratio;
     if (L.type != AttnType::Sliding)
-        compress_requests(A.compressor, cfg, rope, b, xn, ratio, d, csa, kv, false);
+        compress_requests(A.compressor, cfg, rope, b, xn, ratio, d, csa, kv, false, pool);
 
     // Indexer queries and head weights (CSA).
     const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
     std::vector<float> qI, wI;
     if (csa) {
-        compress_requests(A.idx_compressor, cfg, rope, b, xn, ratio, dI, true, kv, true);
+        compress_requests(A.idx_compressor, cfg, rope, b, xn, ratio, dI, true, kv, true, pool);
         qI.resize(n * nI * dI);
         wI.resize(n * nI);
-        ops::linear(cq.data(), n, cfg.q_rank, A.idx_wq_b.f32(), int64_t{nI} * dI, qI.data());
+        ops::linear(pool, cq.data(), n, cfg.q_rank, A.idx_wq_b.f32(), int64_t{nI} * dI, qI.data());
         ops::apply_rope(rope, qI.data(), n, int64_t{nI} * dI, nI, dI, b.pos.data(), false);
-        ops::linear(xn, n, D, A.idx_weights_proj.f32(), nI, wI.data());
+        ops::linear(pool, xn, n, D, A.idx_weights_proj.f32(), nI, wI.data());
         const float ws = 1.0f / std::sqrt(static_cast<float>(nI));
         for (float& v : wI) v *= ws;
     }
@@ -135,9 +136,9 @@ void attention_forward(const LayerWeights& L, const ModelConfig& cfg, const Rope
     const int64_t group_in = Hd / g, ro = cfg.o_rank;
     std::vector<float> y(n * g * ro);
     for (int gi = 0; gi < g; ++gi)
-        ops::linear(o.data() + gi * group_in, n, group_in, Hd, A.wo_a.f32() + gi * ro * group_in,
-                    ro, y.data() + gi * ro, g * ro);
-    ops::linear(y.data(), n, g * ro, A.wo_b.f32(), D, out);
+        ops::linear(pool, o.data() + gi * group_in, n, group_in, Hd,
+                    A.wo_a.f32() + gi * ro * group_in, ro, y.data() + gi * ro, g * ro);
+    ops::linear(pool, y.data(), n, g * ro, A.wo_b.f32(), D, out);
 }
 
 }  // namespace cpfill

@@ -66,21 +66,21 @@ ForwardOutput forward(const ModelWeights& w, const Batch& b, const ForwardOption
         const LayerWeights& L = w.layers[li];
         // Attention site.
         ops::mhc_pre(mhc_params(L.hc_attn, cfg), h.data(), n, s.post.data(), s.comb.data(),
-                     s.x.data(), s.mix.data(), s.normed.data());
+                     s.x.data(), s.mix.data(), s.normed.data(), pool);
         ops::rmsnorm(s.x.data(), n, D, L.attn_norm.f32(), eps, s.x.data());
         Tensor topk;
         if (opt.record_topk && L.type == AttnType::CSA)
             topk = Tensor::empty(DType::I32, {n, cfg.index_topk});
         attention_forward(L, cfg, ropes, b, s.x.data(), kv, s.sub_out.data(),
                           topk.defined() ? topk.data<int32_t>() : nullptr, pool);
-        ops::mhc_post(s.post.data(), s.comb.data(), s.sub_out.data(), hc, D, n, h.data());
+        ops::mhc_post(s.post.data(), s.comb.data(), s.sub_out.data(), hc, D, n, h.data(), pool);
         if (opt.record_topk) result.topk.push_back(std::move(topk));
         // MoE site.
         ops::mhc_pre(mhc_params(L.hc_ffn, cfg), h.data(), n, s.post.data(), s.comb.data(),
-                     s.x.data(), s.mix.data(), s.normed.data());
+                     s.x.data(), s.mix.data(), s.normed.data(), pool);
         ops::rmsnorm(s.x.data(), n, D, L.ffn_norm.f32(), eps, s.x.data());
-        moe_forward(L.moe, L.mlp, cfg, s.x.data(), b.tokens.data(), n, s.sub_out.data());
-        ops::mhc_post(s.post.data(), s.comb.data(), s.sub_out.data(), hc, D, n, h.data());
+        moe_forward(L.moe, L.mlp, cfg, s.x.data(), b.tokens.data(), n, s.sub_out.data(), pool);
+        ops::mhc_post(s.post.data(), s.comb.data(), s.sub_out.data(), hc, D, n, h.data(), pool);
         if (opt.record_hidden) result.hidden.push_back(snapshot(h, {n, hc, D}));
     }
 
@@ -96,12 +96,13 @@ ForwardOutput forward(const ModelWeights& w, const Batch& b, const ForwardOption
     for (int64_t i = 0; i < m; ++i)
         std::memcpy(hr.data() + i * hc * D, h.data() + rows[i] * hc * D, hc * D * sizeof(float));
     ops::mhc_head(w.hc_head_fn.f32(), w.hc_head_base.f32(), w.hc_head_scale.f32(), hc, D,
-                  static_cast<float>(cfg.hc_eps), eps, hr.data(), m, z.data(), s.normed.data());
+                  static_cast<float>(cfg.hc_eps), eps, hr.data(), m, z.data(), s.normed.data(),
+                  pool);
     ops::rmsnorm(z.data(), m, D, w.norm.f32(), eps, z.data());
     if (opt.record_hidden) result.hidden.push_back(snapshot(z, {n, D}));
     const int64_t V = cfg.vocab_size;
     std::vector<float> logits(m * V);
-    ops::linear(z.data(), m, D, w.head.f32(), V, logits.data());
+    ops::linear(pool, z.data(), m, D, w.head.f32(), V, logits.data());
 
     for (int r = 0; r < b.n_requests(); ++r) {
         const int64_t len = b.request_len(r);

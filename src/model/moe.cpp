@@ -13,23 +13,23 @@ namespace {
 
 // out[rows] (+)= weight · swiglu(x[rows]) for one expert's [w1;w3], w2.
 void run_expert(const Tensor& w13, const Tensor& w2, const ModelConfig& cfg, const float* x,
-                int64_t n, float* out) {
+                int64_t n, float* out, ThreadPool& pool) {
     const int64_t width = w2.dim(1), D = cfg.d_model;
     std::vector<float> gu(n * 2 * width), act(n * width);
-    ops::linear(x, n, D, w13.f32(), 2 * width, gu.data());
+    ops::linear(pool, x, n, D, w13.f32(), 2 * width, gu.data());
     ops::swiglu(gu.data(), n, width, static_cast<float>(cfg.swiglu_limit), act.data());
-    ops::linear(act.data(), n, width, w2.f32(), D, out);
+    ops::linear(pool, act.data(), n, width, w2.f32(), D, out);
 }
 
 }  // namespace
 
 void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, const float* y,
-                 const int32_t* tokens, int64_t n, float* out) {
+                 const int32_t* tokens, int64_t n, float* out, ThreadPool& pool) {
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model;
     std::vector<float> logits(n * E), weight(n * K);
     std::vector<int32_t> idx(n * K);
-    ops::linear(y, n, D, W.gate.f32(), E, logits.data());
+    ops::linear(pool, y, n, D, W.gate.f32(), E, logits.data());
     std::vector<int64_t> hash;
     if (type == MlpType::Hash) {
         hash.resize(n * K);
@@ -60,7 +60,7 @@ void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, cons
         og.resize(m * D);
         for (int64_t j = 0; j < m; ++j)
             std::memcpy(xg.data() + j * D, y + u[j].first * D, D * sizeof(float));
-        run_expert(W.w13[e], W.w2[e], cfg, xg.data(), m, og.data());
+        run_expert(W.w13[e], W.w2[e], cfg, xg.data(), m, og.data(), pool);
         for (int64_t j = 0; j < m; ++j) {
             float* dst = out + u[j].first * D;
             const float* src = og.data() + j * D;
@@ -68,7 +68,7 @@ void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, cons
         }
     }
     std::vector<float> shared(n * D);
-    run_expert(W.shared_w13, W.shared_w2, cfg, y, n, shared.data());
+    run_expert(W.shared_w13, W.shared_w2, cfg, y, n, shared.data(), pool);
     for (int64_t i = 0; i < n * D; ++i) out[i] += shared[i];
 }
 

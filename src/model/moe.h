@@ -6,12 +6,13 @@
 
 #include <cstdint>
 
+#include "core/parallel.h"
 #include "model/weights.h"
 
 namespace cpfill {
 
 // y: f32 [n, d_model] normed MoE input; tokens: [n] ids (hash routing); out: f32 [n, d_model].
 void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, const float* y,
-                 const int32_t* tokens, int64_t n, float* out);
+                 const int32_t* tokens, int64_t n, float* out, ThreadPool& pool);
 
 }  // namespace cpfill

@@ -15,7 +15,7 @@ struct AttnKeys {
 };
 
 // q: [n_heads, head_dim] → out: [n_heads, head_dim]. sinks: [n_heads]. scratch: ≥
-// (n_heads + head_dim) · (n_window + n_entries) floats.
+// n_heads · (n_window + n_entries) + head_dim · n_entries floats.
 void attend_one(const float* q, int n_heads, int64_t head_dim, const AttnKeys& keys,
                 const float* sinks, float scale, float* out, float* scratch);
 

@@ -12,16 +12,18 @@ namespace cpfill::ops {
 
 void attend_one(const float* q, int n_heads, int64_t head_dim, const AttnKeys& keys,
                 const float* sinks, float scale, float* out, float* scratch) {
-    const int64_t n_keys = keys.n_window + keys.n_entries;
-    float* kv = scratch;                          // [n_keys, head_dim]
-    float* logits = scratch + n_keys * head_dim;  // [n_heads, n_keys]
-    const size_t row_bytes = head_dim * sizeof(float);
-    if (keys.n_window > 0) std::memcpy(kv, keys.window, keys.n_window * row_bytes);
-    for (int64_t e = 0; e < keys.n_entries; ++e) {
-        int64_t row = keys.entry_idx ? keys.entry_idx[e] : e;
-        std::memcpy(kv + (keys.n_window + e) * head_dim, keys.entries + row * head_dim, row_bytes);
+    const int64_t nw = keys.n_window, ne = keys.n_entries, n_keys = nw + ne;
+    float* logits = scratch;                       // [n_heads, n_keys]
+    float* gathered = scratch + n_heads * n_keys;  // [ne, head_dim] selected entries
+    const float* ent = keys.entries;
+    if (keys.entry_idx) {
+        for (int64_t e = 0; e < ne; ++e)
+            std::memcpy(gathered + e * head_dim, keys.entries + keys.entry_idx[e] * head_dim,
+                        head_dim * sizeof(float));
+        ent = gathered;
     }
-    linear(q, n_heads, head_dim, kv, n_keys, logits);
+    linear(q, n_heads, head_dim, head_dim, keys.window, nw, logits, n_keys);
+    linear(q, n_heads, head_dim, head_dim, ent, ne, logits + nw, n_keys);
     for (int h = 0; h < n_heads; ++h) {
         float* l = logits + h * n_keys;
         float mx = sinks[h];
@@ -30,17 +32,9 @@ void attend_one(const float* q, int n_heads, int64_t head_dim, const AttnKeys& k
         for (int64_t j = 0; j < n_keys; ++j) sum += (l[j] = std::exp(l[j] - mx));
         for (int64_t j = 0; j < n_keys; ++j) l[j] /= sum;
     }
-    // out[n_heads, head_dim] = P[n_heads, n_keys] · kv[n_keys, head_dim]
-    for (int h = 0; h < n_heads; ++h) std::fill(out + h * head_dim, out + (h + 1) * head_dim, 0.0f);
-    for (int h = 0; h < n_heads; ++h) {
-        const float* p = logits + h * n_keys;
-        float* o = out + h * head_dim;
-        for (int64_t j = 0; j < n_keys; ++j) {
-            const float pj = p[j];
-            const float* v = kv + j * head_dim;
-            for (int64_t c = 0; c < head_dim; ++c) o[c] += pj * v[c];
-        }
-    }
+    // out[n_heads, head_dim] = P_window · window + P_entries · entries (K = V).
+    matmul(logits, n_heads, nw, n_keys, keys.window, head_dim, head_dim, out, head_dim, false);
+    matmul(logits + nw, n_heads, ne, n_keys, ent, head_dim, head_dim, out, head_dim, true);
 }
 
 }  // namespace cpfill::ops

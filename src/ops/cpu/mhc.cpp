@@ -12,10 +12,9 @@ namespace cpfill::ops {
 
 namespace {
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-}  // namespace
 
-void mhc_pre(const MhcParams& p, const float* h, int64_t rows, float* post, float* comb, float* x,
-             float* mix, float* normed) {
+void mhc_pre_rows(const MhcParams& p, const float* h, int64_t rows, float* post, float* comb,
+                  float* x, float* mix, float* normed) {
     const int hc = p.hc;
     const int n_mix = (2 + hc) * hc;
     const int64_t width = hc * p.d_model;
@@ -70,8 +69,8 @@ void mhc_pre(const MhcParams& p, const float* h, int64_t rows, float* post, floa
     }
 }
 
-void mhc_post(const float* post, const float* comb, const float* o, int hc, int64_t d_model,
-              int64_t rows, float* h) {
+void mhc_post_rows(const float* post, const float* comb, const float* o, int hc, int64_t d_model,
+                   int64_t rows, float* h) {
     std::vector<float> old(hc * d_model);
     for (int64_t t = 0; t < rows; ++t) {
         float* ht = h + t * hc * d_model;
@@ -89,8 +88,9 @@ void mhc_post(const float* post, const float* comb, const float* o, int hc, int6
     }
 }
 
-void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,
-              float hc_eps, float norm_eps, const float* h, int64_t rows, float* z, float* normed) {
+void mhc_head_rows(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,
+                   float hc_eps, float norm_eps, const float* h, int64_t rows, float* z,
+                   float* normed) {
     const int64_t width = hc * d_model;
     rmsnorm(h, rows, width, nullptr, norm_eps, normed);
     std::vector<float> mix(rows * hc);
@@ -107,6 +107,35 @@ void mhc_head(const float* fn, const float* base, const float* scale, int hc, in
             zt[d] = acc;
         }
     }
+}
+
+}  // namespace
+
+// Each wrapper runs the per-token math on disjoint row chunks (single-threaded BLAS inside).
+void mhc_pre(const MhcParams& p, const float* h, int64_t rows, float* post, float* comb, float* x,
+             float* mix, float* normed, ThreadPool& pool) {
+    const int64_t n_mix = (2 + p.hc) * p.hc, width = p.hc * p.d_model;
+    pool.parallel_for(rows, [&](int64_t b, int64_t e) {
+        mhc_pre_rows(p, h + b * width, e - b, post + b * p.hc, comb + b * p.hc * p.hc,
+                     x + b * p.d_model, mix + b * n_mix, normed + b * width);
+    });
+}
+
+void mhc_post(const float* post, const float* comb, const float* o, int hc, int64_t d_model,
+              int64_t rows, float* h, ThreadPool& pool) {
+    pool.parallel_for(rows, [&](int64_t b, int64_t e) {
+        mhc_post_rows(post + b * hc, comb + b * hc * hc, o + b * d_model, hc, d_model, e - b,
+                      h + b * hc * d_model);
+    });
+}
+
+void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,
+              float hc_eps, float norm_eps, const float* h, int64_t rows, float* z, float* normed,
+              ThreadPool& pool) {
+    pool.parallel_for(rows, [&](int64_t b, int64_t e) {
+        mhc_head_rows(fn, base, scale, hc, d_model, hc_eps, norm_eps, h + b * hc * d_model, e - b,
+                      z + b * d_model, normed + b * hc * d_model);
+    });
 }
 
 }  // namespace cpfill::ops

@@ -21,7 +21,9 @@ TEST(Mhc, SinkhornAndCollapse) {
     ops::MhcParams p{fn.data(), base.data(), scale.data(), hc, D, 20, 1e-6f, 1e-6f};
     std::vector<float> post(rows * hc), comb(rows * hc * hc), x(rows * D), mix(rows * 24),
         normed(rows * hc * D);
-    ops::mhc_pre(p, h.data(), rows, post.data(), comb.data(), x.data(), mix.data(), normed.data());
+    ThreadPool pool(2);
+    ops::mhc_pre(p, h.data(), rows, post.data(), comb.data(), x.data(), mix.data(), normed.data(),
+                 pool);
     for (int64_t t = 0; t < rows; ++t) {
         for (int j = 0; j < hc; ++j) {
             float rs = 0, cs = 0;
@@ -39,7 +41,7 @@ TEST(Mhc, SinkhornAndCollapse) {
     }
     // Expansion: o = 0 leaves Σ_j comb[j,k] h[j].
     std::vector<float> o(rows * D, 0.0f), h2 = h;
-    ops::mhc_post(post.data(), comb.data(), o.data(), hc, D, rows, h2.data());
+    ops::mhc_post(post.data(), comb.data(), o.data(), hc, D, rows, h2.data(), pool);
     for (int k = 0; k < hc; ++k) {
         float e = 0;
         for (int j = 0; j < hc; ++j) e += comb[j * hc + k] * h[j * D + 5];

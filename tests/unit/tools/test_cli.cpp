@@ -1,0 +1,209 @@
+// The cpfill binary on good and bad input: `run` reproduces a golden fixture's logits from the
+// command line, and every kind of bad input ends in exactly one "error:" line naming the culprit
+// and a non-zero exit code, never a crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../io/io_test_util.h"
+#include "io/safetensors.h"
+
+namespace cpfill {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+struct Result {
+    int code = -1;
+    std::string out;  // stdout and stderr together
+};
+
+Result run_cli(const std::string& args) {
+    std::string cmd = std::string(CPFILL_BINARY) + " " + args + " 2>&1";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return r;
+}
+
+const std::string kFixture = std::string(CPFILL_TEST_DATA_DIR) + "/dsv4_tiny_b";
+
+// Copies the fixture model (config.json, model.safetensors) into a temp folder.
+void copy_model(const TempDir& dir) {
+    for (const char* f : {"config.json", "model.safetensors"})
+        fs::copy_file(kFixture + "/" + f, dir.file(f));
+}
+
+// Expects a clean failure: exit code 1, one "error:" line containing every part.
+void expect_clean_error(const Result& r, const std::vector<std::string>& parts) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    size_t lines = 0, pos = 0;
+    while ((pos = r.out.find("error:", pos)) != std::string::npos) ++lines, ++pos;
+    EXPECT_EQ(lines, 1u) << r.out;
+    for (const auto& p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << p << "\n" << r.out;
+}
+
+// Rewrites model.safetensors with `edit` applied to the tensor list.
+void edit_tensors(const TempDir& dir,
+                  const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    {
+        SafetensorsFile f(dir.file("model.safetensors"));
+        for (const auto& [name, info] : f.tensors())
+            tensors.emplace_back(name, f.get(name).clone());
+    }
+    edit(tensors);
+    write_safetensors(dir.file("model.safetensors"), tensors);
+}
+
+TEST(Cli, RunReproducesFixtureLogits) {
+    TempDir tmp;
+    // Request 1 of the fixture as a text file; all-position logits out.
+    SafetensorsFile ref(kFixture + "/reference.safetensors");
+    Tensor ids = ref.get("input_ids_1");
+    {
+        std::ofstream ids_file(tmp.file("ids.txt"));
+        for (int64_t i = 0; i < ids.numel(); ++i) ids_file << ids.data<int64_t>()[i] << " ";
+    }
+    Result r = run_cli("run --model " + kFixture + " --input-ids-file " + tmp.file("ids.txt") +
+                       " --all-logits --logits-out " + tmp.file("logits.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    SafetensorsFile out(tmp.file("logits.safetensors"));
+    Tensor mine = out.get("logits"), expected = ref.get("logits_1");
+    ASSERT_EQ(mine.shape(), expected.shape());
+    double max_err = 0, ref_max = 0;
+    for (int64_t i = 0; i < mine.numel(); ++i) {
+        max_err = std::max(max_err, double(std::abs(mine.f32()[i] - expected.f32()[i])));
+        ref_max = std::max(ref_max, double(std::abs(expected.f32()[i])));
+    }
+    EXPECT_LE(max_err / ref_max, 1e-4);
+    EXPECT_NE(r.out.find("first token"), std::string::npos) << r.out;
+}
+
+TEST(Cli, GenInspectRunRoundTrip) {
+    TempDir tmp;
+    Result g = run_cli("gen-model --preset tiny --out " + tmp.file("m") +
+                       " --names upstream --dtype fp8 --experts fp4 --seed 3");
+    ASSERT_EQ(g.code, 0) << g.out;
+    Result i = run_cli("inspect --model " + tmp.file("m"));
+    ASSERT_EQ(i.code, 0) << i.out;
+    EXPECT_NE(i.out.find("F8_E4M3"), std::string::npos) << i.out;
+    Result r = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6,7,8,9");
+    EXPECT_EQ(r.code, 0) << r.out;
+}
+
+TEST(Cli, TruncatedFile) {
+    TempDir tmp;
+    copy_model(tmp);
+    fs::resize_file(tmp.file("model.safetensors"),
+                    fs::file_size(tmp.file("model.safetensors")) / 2);
+    expect_clean_error(run_cli("run --model " + tmp.path().string() + " --input-ids 1,2"),
+                       {"model.safetensors"});
+}
+
+TEST(Cli, HeaderOffsetsOutsideFile) {
+    TempDir tmp;
+    copy_model(tmp);
+    std::string h = R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+    test::write_file(tmp.file("model.safetensors"), test::safetensors_bytes(h, std::string(8, 0)));
+    expect_clean_error(run_cli("inspect --model " + tmp.path().string()), {"model.safetensors"});
+}
+
+TEST(Cli, UnknownDtype) {
+    TempDir tmp;
+    copy_model(tmp);
+    std::string h = R"({"x":{"dtype":"Q7","shape":[4],"data_offsets":[0,4]}})";
+    test::write_file(tmp.file("model.safetensors"), test::safetensors_bytes(h, std::string(4, 0)));
+    expect_clean_error(run_cli("inspect --model " + tmp.path().string()), {"Q7"});
+}
+
+TEST(Cli, WrongShape) {
+    TempDir tmp;
+    copy_model(tmp);
+    edit_tensors(tmp, [](auto& ts) {
+        for (auto& [name, t] : ts)
+            if (name == "model.layers.1.attn.wq_a.weight")
+                t = Tensor::zeros(t.dtype(), {t.dim(0) + 1, t.dim(1)});
+    });
+    expect_clean_error(run_cli("run --model " + tmp.path().string() + " --input-ids 1,2"),
+                       {"wq_a", "expected shape [32, 32]", "found [33, 32]"});
+}
+
+TEST(Cli, WrongDtype) {
+    TempDir tmp;
+    copy_model(tmp);
+    edit_tensors(tmp, [](auto& ts) {
+        for (auto& [name, t] : ts)
+            if (name == "model.layers.0.ffn.gate.tid2eid") t = Tensor::zeros(DType::F32, t.shape());
+    });
+    expect_clean_error(run_cli("run --model " + tmp.path().string() + " --input-ids 1,2"),
+                       {"tid2eid", "F32"});
+}
+
+TEST(Cli, MissingTensor) {
+    TempDir tmp;
+    copy_model(tmp);
+    edit_tensors(tmp, [](auto& ts) {
+        std::erase_if(ts, [](const auto& p) { return p.first == "model.layers.2.attn.attn_sink"; });
+    });
+    expect_clean_error(run_cli("run --model " + tmp.path().string() + " --input-ids 1,2"),
+                       {"attn_sink"});
+}
+
+TEST(Cli, ConfigMissingAndInconsistentFields) {
+    for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+             {"hidden_size", nullptr}, {"o_groups", 3}}) {
+        TempDir tmp;
+        copy_model(tmp);
+        nlohmann::json cfg = nlohmann::json::parse(std::ifstream(tmp.file("config.json")));
+        if (value.is_null())
+            cfg.erase(field);
+        else
+            cfg[field] = value;
+        std::ofstream(tmp.file("config.json")) << cfg.dump(2);
+        expect_clean_error(run_cli("run --model " + tmp.path().string() + " --input-ids 1,2"),
+                           {field, "config.json"});
+    }
+}
+
+TEST(Cli, TokenIdOutOfRange) {
+    expect_clean_error(run_cli("run --model " + kFixture + " --input-ids 1,2,256"),
+                       {"256", "vocab_size 256"});
+}
+
+TEST(Cli, EmptyPrompt) {
+    TempDir tmp;
+    test::write_file(tmp.file("empty.txt"), "\n\n");
+    expect_clean_error(
+        run_cli("run --model " + kFixture + " --input-ids-file " + tmp.file("empty.txt")),
+        {"empty.txt"});
+    expect_clean_error(run_cli("run --model " + kFixture + " --input-ids ,"), {"empty prompt"});
+}
+
+TEST(Cli, NotATokenId) {
+    expect_clean_error(run_cli("run --model " + kFixture + " --input-ids 1,x2"), {"x2"});
+}
+
+TEST(Cli, MissingModelFolder) {
+    expect_clean_error(run_cli("run --model /nonexistent/model --input-ids 1"),
+                       {"/nonexistent/model"});
+}
+
+TEST(Cli, CudaDeviceWithoutBackend) {
+    expect_clean_error(run_cli("run --model " + kFixture + " --input-ids 1 --device cuda"),
+                       {"cuda"});
+}
+
+}  // namespace
+}  // namespace cpfill
