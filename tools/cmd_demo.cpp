@@ -1,9 +1,11 @@
 // cpfill demo: no arguments, no downloads. Writes a small random model of the real architecture
-// (preset "tiny") to a temporary folder, runs a random prompt long enough to exercise the sparse
-// indexer and both compressors, and prints the first token with timings.
+// (preset "tiny") to a temporary folder, runs one random prompt long enough to exercise the sparse
+// indexer and both compressors with CP=1 and CP=2 (CPU ranks), TBO off and on, and shows that all
+// four agree, with their timings.
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -22,6 +24,15 @@ struct DemoArgs {
     uint64_t seed = 1;
 };
 
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+    double m = 0, ref = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+        m = std::max(m, double(std::abs(a.f32()[i] - b.f32()[i])));
+        ref = std::max(ref, double(std::abs(b.f32()[i])));
+    }
+    return ref > 0 ? m / ref : m;
+}
+
 int demo(const DemoArgs& a) {
     namespace fs = std::filesystem;
     const fs::path dir = fs::temp_directory_path() / fmt::format("cpfill-demo-{}", ::getpid());
@@ -36,25 +47,47 @@ int demo(const DemoArgs& a) {
     RandomCheckpointOptions gen;
     gen.seed = a.seed;
     write_random_checkpoint(cfg, dir.string(), gen);
-    fmt::print("demo model: preset tiny ({} layers, d_model {}, head_dim {}, {} experts) in {}\n",
-               cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.n_experts, dir.string());
+    fmt::print("demo model: preset tiny ({} layers, d_model {}, head_dim {}, {} experts)\n",
+               cfg.n_layers, cfg.d_model, cfg.head_dim, cfg.n_experts);
 
     std::mt19937_64 rng(a.seed);
     std::vector<int32_t> prompt(a.length);
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % cfg.vocab_size);
-    PrefillEngine engine(dir.string(), EngineOptions{a.threads});
-    RunResult r = engine.run({prompt}, ForwardOptions{});
-    fmt::print(
-        "prompt {} tokens, CP=1 (CPU fp32): first token {}, TTFT {:.3f} s, {:.0f} tokens/s\n",
-        a.length, r.first_tokens[0], r.prefill_seconds, a.length / r.prefill_seconds);
-    return 0;
+    fmt::print("prompt: {} random tokens, CPU fp32\n", a.length);
+    Tensor reference;
+    int agree = 0, runs = 0;
+    for (int cp : {1, 2}) {
+        EngineOptions eo;
+        eo.threads = a.threads;
+        eo.cp = cp;
+        PrefillEngine engine(dir.string(), eo);
+        for (TboMode tbo : {TboMode::Off, TboMode::On}) {
+            RunOptions ro;
+            ro.tbo = tbo;
+            RunResult r = engine.run({prompt}, ro);
+            const Tensor& logits = r.out.logits[0];
+            if (!reference.defined()) reference = logits;
+            const double diff = max_rel_diff(logits, reference);
+            const bool same = diff <= 1e-5 && argmax(logits.f32(), cfg.vocab_size) ==
+                                                  argmax(reference.f32(), cfg.vocab_size);
+            agree += same;
+            ++runs;
+            fmt::print(
+                "  CP={} TBO {:3}: first token {:4}  TTFT {:6.3f} s  {:6.0f} tokens/s  "
+                "max rel diff vs CP=1 {:.1e} {}\n",
+                cp, tbo == TboMode::On ? "on" : "off", r.first_tokens[0], r.prefill_seconds,
+                a.length / r.prefill_seconds, diff, same ? "ok" : "MISMATCH");
+        }
+    }
+    fmt::print("{} of {} runs agree\n", agree, runs);
+    return agree == runs ? 0 : 1;
 }
 
 }  // namespace
 
 Runner add_demo_command(CLI::App& app) {
     auto a = std::make_shared<DemoArgs>();
-    CLI::App* c = app.add_subcommand("demo", "run a small random model end to end");
+    CLI::App* c = app.add_subcommand("demo", "run a small random model with CP=1/2, TBO off/on");
     c->add_option("--length", a->length, "prompt tokens")->check(CLI::Range(1, 1 << 20));
     c->add_option("--threads", a->threads, "CPU threads (default: all)");
     c->add_option("--seed", a->seed, "model and prompt seed");

@@ -19,7 +19,16 @@ struct RunArgs {
     std::string logits_out;
     bool all_logits = false;
     int threads = 0;
+    int cp = 1;
+    std::string tbo = "auto";
+    int64_t chunk = 0;
 };
+
+TboMode parse_tbo(const std::string& s) {
+    if (s == "on") return TboMode::On;
+    if (s == "off") return TboMode::Off;
+    return TboMode::Auto;
+}
 
 void write_logits(const std::string& path, const RunResult& r, bool all_logits) {
     std::vector<std::pair<std::string, Tensor>> tensors;
@@ -44,16 +53,22 @@ int run(const RunArgs& a) {
         requests.push_back(parse_id_list(a.input_ids, "--input-ids"));
     else
         requests = read_input_ids_file(a.input_ids_file);
-    PrefillEngine engine(a.model, EngineOptions{a.threads});
-    ForwardOptions opt;
+    EngineOptions eo;
+    eo.threads = a.threads;
+    eo.cp = a.cp;
+    PrefillEngine engine(a.model, eo);
+    RunOptions opt;
     opt.all_logits = a.all_logits;
+    opt.tbo = parse_tbo(a.tbo);
+    opt.chunk = a.chunk;
     RunResult r = engine.run(requests, opt);
     for (size_t i = 0; i < requests.size(); ++i)
         fmt::print("request {}: {} tokens, first token {}\n", i, requests[i].size(),
                    r.first_tokens[i]);
-    fmt::print("load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, CPU fp32)\n",
-               engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds,
-               r.n_tokens);
+    fmt::print(
+        "load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, CPU fp32, CP={}, TBO {})\n",
+        engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens, a.cp,
+        r.out.tbo_used ? "on" : "off");
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
     return 0;
 }
@@ -71,7 +86,13 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");
     c->add_flag("--all-logits", args->all_logits, "logits of every position, not only the last");
-    c->add_option("--threads", args->threads, "CPU threads (default: all)");
+    c->add_option("--threads", args->threads, "CPU threads in all (default: all)");
+    c->add_option("--cp", args->cp, "context-parallel ranks (CPU: threads of this process)")
+        ->check(CLI::Range(1, 64));
+    c->add_option("--tbo", args->tbo, "two-batch overlap: on, off or auto")
+        ->check(CLI::IsMember({"on", "off", "auto"}));
+    c->add_option("--chunk", args->chunk, "prefill in chunks of this many tokens (0: one pass)")
+        ->check(CLI::NonNegativeNumber);
     return [args] { return run(*args); };
 }
 

@@ -1,4 +1,4 @@
-// PrefillEngine: checkpoint → fp32 weights, thread pool sized once, forward with timing.
+// PrefillEngine: checkpoint → fp32 weights → per-rank expert slices; runs with timing.
 #include "engine/prefill_engine.h"
 
 #include <chrono>
@@ -15,25 +15,49 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& options) {
+PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& options)
+    : options_(options) {
     auto t0 = std::chrono::steady_clock::now();
+    CPFILL_CHECK(options.cp >= 1 && options.cp <= 64, "--cp {}: expected 1 to 64 CPU ranks",
+                 options.cp);
     Checkpoint ckpt(model_dir);
-    weights_ = load_weights(ckpt);
-    int threads = options.threads > 0 ? options.threads : default_thread_count();
-    pool_ = std::make_unique<ThreadPool>(threads);
-    ops::set_blas_threads(1);  // parallelism comes from the pool (ops/linear.h)
+    const ModelConfig& cfg = ckpt.config();
+    CPFILL_CHECK(cfg.moe_dim % options.cp == 0,
+                 "--cp {}: the experts' width moe_intermediate_size {} must be divisible by the "
+                 "number of ranks (try a divisor of {})",
+                 options.cp, cfg.moe_dim, cfg.moe_dim);
+    full_ = load_weights(ckpt);
+    for (int r = 0; r < options.cp; ++r) ranks_.push_back(slice_experts(full_, {r, options.cp}));
+    if (options.cp > 1) {  // the ranks now hold the experts; drop the full copies
+        for (LayerWeights& L : full_.layers) {
+            L.moe.w13.clear();
+            L.moe.w2.clear();
+        }
+    }
+    ops::set_blas_threads(1);  // parallelism comes from the ranks' pools (ops/linear.h)
     load_seconds_ = seconds_since(t0);
 }
 
 RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
-                             const ForwardOptions& opt) {
-    Batch batch = make_batch(requests, weights_.cfg.vocab_size);
+                             const RunOptions& opt) {
+    validate_requests(requests, config().vocab_size);
+    PrefillOptions p;
+    p.cp = options_.cp;
+    p.tbo = opt.tbo;
+    p.chunk = opt.chunk;
+    p.threads = options_.threads;
+    p.all_logits = opt.all_logits;
+    p.record_hidden = opt.record_hidden;
+    p.record_topk = opt.record_topk;
+    p.comm = options_.comm;
+    std::vector<const ModelWeights*> views;
+    for (const auto& w : ranks_) views.push_back(&w);
     auto t0 = std::chrono::steady_clock::now();
     RunResult r;
-    r.out = forward(weights_, batch, opt, *pool_);
+    r.out = cp_prefill(views, requests, p);
     r.prefill_seconds = seconds_since(t0);
-    r.n_tokens = batch.n_tokens();
-    const int64_t V = weights_.cfg.vocab_size;
+    r.n_tokens = r.out.n_tokens;
+    const int64_t V = config().vocab_size;
     for (const Tensor& l : r.out.logits) {
         const float* last = l.f32() + (l.ndim() == 2 ? (l.dim(0) - 1) * V : 0);
         r.first_tokens.push_back(argmax(last, V));

@@ -1,23 +1,32 @@
-// PrefillEngine: what tools/ talks to. Loads a model folder, runs batches of requests and returns
-// logits, first tokens and timings. CPU backend, one rank, for now.
+// PrefillEngine: what tools/ talks to. Loads a model folder once, makes each CP rank's view of the
+// weights (attention replicated, experts sliced 1/C), runs batches of requests through the
+// context-parallel prefill and returns logits, first tokens and timings. CPU backend.
 #pragma once
 
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
-#include "model/forward.h"
 #include "model/weights.h"
+#include "parallel/cp_prefill.h"
 
 namespace cpfill {
 
 struct EngineOptions {
-    int threads = 0;  // 0 = all hardware threads
+    int threads = 0;  // CPU threads in all (0: all hardware threads)
+    int cp = 1;       // ranks (threads of this process on the CPU backend)
+    LocalCommOptions comm;
+};
+
+struct RunOptions {
+    TboMode tbo = TboMode::Off;
+    int64_t chunk = 0;
+    bool all_logits = false;
+    bool record_hidden = false;
+    bool record_topk = false;
 };
 
 struct RunResult {
-    ForwardOutput out;
+    PrefillOutput out;
     std::vector<int32_t> first_tokens;  // argmax of each request's last-position logits
     int64_t n_tokens = 0;
     double prefill_seconds = 0;
@@ -26,15 +35,18 @@ struct RunResult {
 class PrefillEngine {
   public:
     PrefillEngine(const std::string& model_dir, const EngineOptions& options);
-    const ModelConfig& config() const { return weights_.cfg; }
+    const ModelConfig& config() const { return full_.cfg; }
+    int cp() const { return options_.cp; }
     double load_seconds() const { return load_seconds_; }
-    size_t weight_bytes() const { return weights_.bytes(); }
+    // fp32 bytes each rank holds: attention and head replicated, experts 1/C.
+    size_t rank_weight_bytes() const { return ranks_.back().bytes(); }
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
-    RunResult run(const std::vector<std::vector<int32_t>>& requests, const ForwardOptions& opt);
+    RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
 
   private:
-    ModelWeights weights_;
-    std::unique_ptr<ThreadPool> pool_;
+    EngineOptions options_;
+    ModelWeights full_;
+    std::vector<ModelWeights> ranks_;
     double load_seconds_ = 0;
 };
 

@@ -1,25 +1,29 @@
-// The attention sub-block of one layer (dsv4-architecture.md §3.4–3.7) on the CPU backend:
-// projections, window keys, compressed entries (CSA / HCA), lightning indexer, sparse attention
-// with sinks, de-rotation and the grouped output projection. Queries read a per-request KV store.
+// The attention sub-block of one layer (dsv4-architecture.md §3.4–3.7) on the CPU backend, cut
+// where context parallelism needs a collective (design.md §4):
+//   attn_pack     local rows → what the KV store needs of them (key, compressor projections);
+//   attn_queries  local rows → queries, indexer queries and head weights;
+//   attn_output   local queries against the KV store (which by then holds every token of the
+//                 batch) → sparse attention with sinks, de-rotation, grouped output projection.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "core/parallel.h"
-#include "model/batch.h"
+#include "model/kv_store.h"
 #include "model/weights.h"
 #include "ops/rope.h"
 
 namespace cpfill {
 
-// What one layer keeps for one request: every token's window key (K = V) and the compressed
-// entries in global order. (The decoder-facing state exported later is a suffix of this.)
-struct LayerKv {
-    std::vector<float> window;      // [n_tokens, head_dim]
-    std::vector<float> entries;     // [n_entries, head_dim] main compressed entries
-    std::vector<float> index_keys;  // [n_entries, index_head_dim] (CSA)
-    int64_t n_entries = 0;
+// Rows processed by one rank: per row its token, request, position, and whether it is real (pad
+// rows are computed but never attend, never enter the KV store and are dropped).
+struct Rows {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> request;
+    std::vector<int64_t> pos;
+    std::vector<uint8_t> valid;
+    int64_t n() const { return static_cast<int64_t>(tokens.size()); }
 };
 
 struct RopeTables {
@@ -31,11 +35,21 @@ struct RopeTables {
     }
 };
 
-// xn: f32 [n_tokens, d_model] (attention input after attn_norm) → out: f32 [n_tokens, d_model].
-// kv: one LayerKv per request of the batch (filled here). topk (optional): i32
-// [n_tokens, index_topk] selected entries, −1 where fewer are eligible (CSA layers).
-void attention_forward(const LayerWeights& L, const ModelConfig& cfg, const RopeTables& ropes,
-                       const Batch& batch, const float* xn, std::vector<LayerKv>& kv, float* out,
-                       int32_t* topk, ThreadPool& pool);
+struct AttnScratch {
+    std::vector<float> cq, q, qI, wI, o, y;
+};
+
+// xn: f32 [n, d_model] → packed: f32 [n, packed_widths(cfg, L.type).total()].
+void attn_pack(const LayerWeights& L, const ModelConfig& cfg, const RopeTables& ropes,
+               const Rows& rows, const float* xn, float* packed, ThreadPool& pool);
+
+void attn_queries(const LayerWeights& L, const ModelConfig& cfg, const RopeTables& ropes,
+                  const Rows& rows, const float* xn, AttnScratch& s, ThreadPool& pool);
+
+// store[request][layer] must hold every token up to each valid row's position. out: f32
+// [n, d_model] (zeros on pad rows). topk (optional): i32 [n, index_topk] selections, −1 padded.
+void attn_output(const LayerWeights& L, int layer, const ModelConfig& cfg, const RopeTables& ropes,
+                 const Rows& rows, const KvStore& store, AttnScratch& s, float* out, int32_t* topk,
+                 ThreadPool& pool);
 
 }  // namespace cpfill

@@ -112,6 +112,41 @@ ModelWeights load_weights(const Checkpoint& ck, ExpertSlice slice) {
     return w;
 }
 
+namespace {
+
+// Rows [b, e) of the w1 half and of the w3 half of a [2·width, d] [w1; w3] tensor.
+Tensor w13_slice(const Tensor& w13, int64_t b, int64_t e) {
+    const int64_t width = w13.dim(0) / 2, d = w13.dim(1), n = e - b;
+    Tensor out = Tensor::empty(DType::F32, {2 * n, d});
+    std::memcpy(out.f32(), w13.f32() + b * d, n * d * sizeof(float));
+    std::memcpy(out.f32() + n * d, w13.f32() + (width + b) * d, n * d * sizeof(float));
+    return out;
+}
+
+}  // namespace
+
+ModelWeights slice_experts(const ModelWeights& full, ExpertSlice slice) {
+    CPFILL_CHECK(full.slice.parts == 1, "slice_experts needs fully loaded experts");
+    const int64_t moe_dim = full.cfg.moe_dim;
+    CPFILL_CHECK(slice.parts >= 1 && slice.part >= 0 && slice.part < slice.parts &&
+                     moe_dim % slice.parts == 0,
+                 "cannot split moe_intermediate_size {} into {} slices (slice {})", moe_dim,
+                 slice.parts, slice.part);
+    ModelWeights w = full;  // tensors are shared, not copied
+    w.slice = slice;
+    if (slice.parts == 1) return w;
+    const int64_t width = moe_dim / slice.parts, b = slice.part * width, e = b + width;
+    for (LayerWeights& L : w.layers) {
+        for (size_t x = 0; x < L.moe.w13.size(); ++x) {
+            L.moe.w13[x] = w13_slice(L.moe.w13[x], b, e);
+            L.moe.w2[x] = col_slice(L.moe.w2[x], b, e);
+        }
+        L.moe.shared_w13 = w13_slice(L.moe.shared_w13, b, e);
+        L.moe.shared_w2 = col_slice(L.moe.shared_w2, b, e);
+    }
+    return w;
+}
+
 size_t ModelWeights::bytes() const {
     size_t n = embed.nbytes() + head.nbytes() + norm.nbytes() + hc_head_fn.nbytes();
     for (const auto& L : layers) {

@@ -75,4 +75,8 @@ struct ModelWeights {
 
 ModelWeights load_weights(const Checkpoint& ckpt, ExpertSlice slice = {});
 
+// A rank's view of fully loaded weights: the same (shared, not copied) attention and head tensors,
+// and slice `slice.part` of `slice.parts` of every routed and shared expert's hidden width.
+ModelWeights slice_experts(const ModelWeights& full, ExpertSlice slice);
+
 }  // namespace cpfill

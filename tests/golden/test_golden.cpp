@@ -10,7 +10,8 @@
 #include "golden_util.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/forward.h"
+#include "model/batch.h"
+#include "parallel/cp_prefill.h"
 
 namespace cpfill {
 namespace {
@@ -66,15 +67,15 @@ TEST_P(Golden, MatchesHfFloat32) {
     for (int r = 0; r < f.n_requests; ++r)
         requests.push_back(ids_of(f.ref->get("input_ids" + f.suffix(r))));
     Batch batch = make_batch(requests, cfg.vocab_size);
-    ThreadPool pool(2);
-    ForwardOptions opt;
+    PrefillOptions opt;
+    opt.threads = 2;
     opt.all_logits = opt.record_hidden = opt.record_topk = true;
-    ForwardOutput out = forward(f.weights, batch, opt, pool);
+    PrefillOutput out = cp_prefill({&f.weights}, requests, opt);
 
     double worst = 0;
     for (int r = 0; r < f.n_requests; ++r) {
         const std::string sfx = f.suffix(r);
-        const int64_t row0 = batch.request_start[r], len = batch.request_len(r);
+        const int64_t row0 = batch.segments[r].row0, len = batch.segments[r].len;
         // hidden_states_i: streams after the embedding and layers 0 … L−2, then the final [S, D].
         for (int i = 0; i <= cfg.n_layers; ++i) {
             const Tensor& mine = out.hidden[i == cfg.n_layers ? cfg.n_layers + 1 : i];

@@ -1,0 +1,321 @@
+// cp_prefill: rank threads, the per-sub-batch stage functions X (attention, launch MoE gather)
+// and Y (MoE, launch reduce-scatter), the TBO schedule X(a) X(b) Y(a) Y(b), and the head.
+#include "parallel/cp_prefill.h"
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "model/attention.h"
+#include "model/moe.h"
+#include "ops/linear.h"
+#include "ops/mhc.h"
+#include "ops/norm.h"
+#include "parallel/collectives.h"
+#include "parallel/layout.h"
+
+namespace cpfill {
+
+namespace {
+
+ops::MhcParams mhc_params(const MhcWeights& m, const ModelConfig& cfg) {
+    return {m.fn.f32(),  m.base.f32(),          m.scale.f32(),     cfg.hc,
+            cfg.d_model, cfg.hc_sinkhorn_iters, float(cfg.hc_eps), float(cfg.norm_eps)};
+}
+
+// One sub-batch on one rank: its layout, local rows, residual and scratch.
+struct Sub {
+    int index = 0;
+    int64_t row_offset = 0;  // first row of this sub-batch in the whole token stream
+    Batch batch;
+    CpLayout layout;
+    Rows rows;
+    std::vector<int32_t> tokens_rm;  // all padded rows' tokens, rank-major
+    std::vector<float> h;            // [n_local, hc, d_model]
+    std::vector<float> post, comb, x, mix, normed, out, global;
+    AttnScratch attn;
+};
+
+// What rank 0 assembles for the caller.
+struct Collector {
+    PrefillOutput* out = nullptr;
+    int64_t total_tokens = 0;
+};
+
+class RankRunner {
+  public:
+    RankRunner(RankContext& ctx, const ModelWeights& w, const PrefillOptions& opt, ThreadPool& pool,
+               int n_requests, Collector* collect)
+        : ctx_(ctx),
+          w_(w),
+          cfg_(w.cfg),
+          opt_(opt),
+          pool_(pool),
+          ropes_(cfg_),
+          store_(n_requests, std::vector<LayerKv>(cfg_.n_layers)),
+          collect_(collect) {}
+
+    void run_batch(const Batch& batch, int64_t row_offset, bool tbo,
+                   const std::vector<std::vector<int32_t>>& requests);
+    KvStore& store() { return store_; }
+
+  private:
+    void init_sub(Sub& s, Batch b, int index, int64_t row_offset);
+    void stage_x(Sub& s, int layer);
+    void stage_y(Sub& s, int layer);
+    void finish_moe(Sub& s, int layer);
+    // Gathers a per-local-row tensor [n_local, width] into global order [T, width] (s.global).
+    const float* gather_rows(Sub& s, const float* local, int64_t width);
+    void record_hidden(Sub& s, int index);
+    void head(Sub& s, const std::vector<std::vector<int32_t>>& requests);
+
+    RankContext& ctx_;
+    const ModelWeights& w_;
+    const ModelConfig& cfg_;
+    const PrefillOptions& opt_;
+    ThreadPool& pool_;
+    RopeTables ropes_;
+    KvStore store_;
+    Collector* collect_;
+    std::unique_ptr<SplitCollectives> coll_;
+};
+
+void RankRunner::init_sub(Sub& s, Batch b, int index, int64_t row_offset) {
+    const int64_t D = cfg_.d_model, hc = cfg_.hc;
+    s.index = index;
+    s.row_offset = row_offset;
+    s.batch = std::move(b);
+    s.layout = make_layout(s.batch, ctx_.cp_size);
+    s.rows = s.layout.local_rows(s.batch, ctx_.rank);
+    s.tokens_rm = s.layout.rank_major_tokens(s.batch);
+    const int64_t n = s.rows.n();
+    s.h.resize(n * hc * D);
+    for (int64_t t = 0; t < n; ++t)
+        for (int j = 0; j < hc; ++j)
+            std::memcpy(&s.h[(t * hc + j) * D], w_.embed.f32() + int64_t{s.rows.tokens[t]} * D,
+                        D * sizeof(float));
+    s.post.resize(n * hc);
+    s.comb.resize(n * hc * hc);
+    s.x.resize(n * D);
+    s.mix.resize(n * (2 + hc) * hc);
+    s.normed.resize(n * hc * D);
+    s.out.resize(n * D);
+}
+
+const float* RankRunner::gather_rows(Sub& s, const float* local, int64_t width) {
+    const int64_t n = s.rows.n();
+    std::memcpy(coll_->send(Slot::Gather, s.index, n * width), local, n * width * sizeof(float));
+    coll_->launch(Slot::Gather, s.index, n * width);
+    const float* g = coll_->finish(Slot::Gather, s.index);
+    s.global.resize(s.layout.n_tokens * width);
+    rerange(g, ctx_.cp_size, n, width, s.layout.n_tokens, s.global.data());
+    return s.global.data();
+}
+
+void RankRunner::record_hidden(Sub& s, int index) {
+    if (!opt_.record_hidden) return;
+    const int64_t width = cfg_.hc * cfg_.d_model;
+    const float* g = gather_rows(s, s.h.data(), width);
+    if (!collect_) return;
+    Tensor& t = collect_->out->hidden[index];
+    std::memcpy(t.f32() + s.row_offset * width, g, s.layout.n_tokens * width * sizeof(float));
+}
+
+// X: [finish the previous layer's MoE] → attention → launch the MoE-input all-gather.
+void RankRunner::stage_x(Sub& s, int li) {
+    const LayerWeights& L = w_.layers[li];
+    const int64_t n = s.rows.n(), D = cfg_.d_model;
+    const float eps = float(cfg_.norm_eps);
+    if (li > 0) finish_moe(s, li - 1);
+    ops::mhc_pre(mhc_params(L.hc_attn, cfg_), s.h.data(), n, s.post.data(), s.comb.data(),
+                 s.x.data(), s.mix.data(), s.normed.data(), pool_);
+    ops::rmsnorm(s.x.data(), n, D, L.attn_norm.f32(), eps, s.x.data());
+    // Attention inputs of the KV store: gather launched early, waited after the query work.
+    const int64_t width = packed_widths(cfg_, L.type).total();
+    attn_pack(L, cfg_, ropes_, s.rows, s.x.data(),
+              coll_->send(Slot::AttnGather, s.index, n * width), pool_);
+    coll_->launch(Slot::AttnGather, s.index, n * width);
+    attn_queries(L, cfg_, ropes_, s.rows, s.x.data(), s.attn, pool_);
+    const float* g = coll_->finish(Slot::AttnGather, s.index);
+    s.global.resize(s.layout.n_tokens * width);
+    rerange(g, ctx_.cp_size, n, width, s.layout.n_tokens, s.global.data());
+    for (const Segment& seg : s.batch.segments) {
+        LayerKv& kv = store_[seg.request][li];
+        CPFILL_CHECK(kv.n_tokens == seg.pos0,
+                     "request {} layer {}: segment starts at {} but the KV store holds {} tokens",
+                     seg.request, li, seg.pos0, kv.n_tokens);
+        kv_append(kv, L, cfg_, ropes_.for_layer(L.type), s.global.data() + seg.row0 * width, width,
+                  seg.len);
+    }
+    std::vector<int32_t> topk;
+    if (opt_.record_topk && L.type == AttnType::CSA) topk.resize(n * cfg_.index_topk);
+    attn_output(L, li, cfg_, ropes_, s.rows, store_, s.attn, s.out.data(),
+                topk.empty() ? nullptr : topk.data(), pool_);
+    if (!topk.empty()) {
+        std::vector<float> as_float(topk.begin(), topk.end());
+        const float* gt = gather_rows(s, as_float.data(), cfg_.index_topk);
+        if (collect_) {
+            int32_t* dst = collect_->out->topk[li].data<int32_t>() + s.row_offset * cfg_.index_topk;
+            for (int64_t i = 0; i < s.layout.n_tokens * cfg_.index_topk; ++i)
+                dst[i] = static_cast<int32_t>(gt[i]);
+        }
+    }
+    ops::mhc_post(s.post.data(), s.comb.data(), s.out.data(), cfg_.hc, D, n, s.h.data(), pool_);
+    // MoE input of the local rows → all-gather (its post/comb stay in s until finish_moe).
+    ops::mhc_pre(mhc_params(L.hc_ffn, cfg_), s.h.data(), n, s.post.data(), s.comb.data(),
+                 s.x.data(), s.mix.data(), s.normed.data(), pool_);
+    float* y = coll_->send(Slot::MoeGather, s.index, n * D);
+    ops::rmsnorm(s.x.data(), n, D, L.ffn_norm.f32(), eps, y);
+    coll_->launch(Slot::MoeGather, s.index, n * D);
+}
+
+// Y: wait for the MoE input of all rows → this rank's expert slices → launch the reduce-scatter.
+void RankRunner::stage_y(Sub& s, int li) {
+    const LayerWeights& L = w_.layers[li];
+    const int64_t n = s.rows.n(), D = cfg_.d_model, all = s.layout.padded;
+    const float* y_all = coll_->finish(Slot::MoeGather, s.index);  // [padded, D] rank-major
+    float* partial = coll_->send(Slot::MoeScatter, s.index, n * D);
+    moe_forward(L.moe, L.mlp, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_);
+    coll_->launch(Slot::MoeScatter, s.index, n * D);
+}
+
+void RankRunner::finish_moe(Sub& s, int li) {
+    const float* f = coll_->finish(Slot::MoeScatter, s.index);  // [n_local, D], summed
+    ops::mhc_post(s.post.data(), s.comb.data(), f, cfg_.hc, cfg_.d_model, s.rows.n(), s.h.data(),
+                  pool_);
+    record_hidden(s, li + 1);
+}
+
+void RankRunner::head(Sub& s, const std::vector<std::vector<int32_t>>& requests) {
+    const int64_t n = s.rows.n(), D = cfg_.d_model, V = cfg_.vocab_size;
+    std::vector<float> z(n * D);
+    ops::mhc_head(w_.hc_head_fn.f32(), w_.hc_head_base.f32(), w_.hc_head_scale.f32(), cfg_.hc, D,
+                  float(cfg_.hc_eps), float(cfg_.norm_eps), s.h.data(), n, z.data(),
+                  s.normed.data(), pool_);
+    ops::rmsnorm(z.data(), n, D, w_.norm.f32(), float(cfg_.norm_eps), z.data());
+    const float* zg = gather_rows(s, z.data(), D);  // [T, D] in batch order
+    if (!collect_) return;
+    PrefillOutput& out = *collect_->out;
+    if (opt_.record_hidden)
+        std::memcpy(out.hidden.back().f32() + s.row_offset * D, zg,
+                    s.layout.n_tokens * D * sizeof(float));
+    for (const Segment& seg : s.batch.segments) {
+        const int64_t len = static_cast<int64_t>(requests[seg.request].size());
+        const bool last = seg.pos0 + seg.len == len;
+        if (!opt_.all_logits && !last) continue;
+        const int64_t first = opt_.all_logits ? 0 : seg.len - 1;
+        float* dst = out.logits[seg.request].f32() + (opt_.all_logits ? seg.pos0 * V : 0);
+        ops::linear(pool_, zg + (seg.row0 + first) * D, seg.len - first, D, w_.head.f32(), V, dst);
+    }
+}
+
+void RankRunner::run_batch(const Batch& batch, int64_t row_offset, bool tbo,
+                           const std::vector<std::vector<int32_t>>& requests) {
+    coll_ = std::make_unique<SplitCollectives>(ctx_, tbo);
+    std::vector<Sub> subs(tbo ? 2 : 1);
+    if (tbo) {
+        auto [a, b] = split_in_two(batch);
+        const int64_t na = a.n_tokens();
+        init_sub(subs[0], std::move(a), 0, row_offset);
+        init_sub(subs[1], std::move(b), 1, row_offset + na);
+    } else {
+        init_sub(subs[0], batch, 0, row_offset);
+    }
+    for (Sub& s : subs) record_hidden(s, 0);
+    for (int li = 0; li < cfg_.n_layers; ++li) {
+        for (Sub& s : subs) stage_x(s, li);
+        for (Sub& s : subs) stage_y(s, li);
+    }
+    for (Sub& s : subs) finish_moe(s, cfg_.n_layers - 1);
+    for (Sub& s : subs) head(s, requests);
+}
+
+}  // namespace
+
+bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp) {
+    // Each sub-batch needs at least C tokens (one per rank) and enough rows that splitting the
+    // GEMMs in two costs little; below that the saved collective time cannot pay for the extra
+    // synchronisation. A measured cost model replaces this with the CUDA backend.
+    const int64_t per_sub = n_tokens / 2;
+    return cp > 1 && per_sub >= std::max<int64_t>(cp, 256) && cfg.n_layers > 0;
+}
+
+PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
+                         const std::vector<std::vector<int32_t>>& requests,
+                         const PrefillOptions& opt) {
+    const int C = opt.cp;
+    CPFILL_CHECK(C >= 1 && static_cast<int>(rank_weights.size()) == C,
+                 "cp size {} but weights for {} ranks", C, rank_weights.size());
+    const ModelConfig& cfg = rank_weights[0]->cfg;
+    validate_requests(requests, cfg.vocab_size);
+    const std::vector<Batch> chunks = make_chunks(requests, opt.chunk);
+    PrefillOutput out;
+    int64_t total = 0;
+    for (const auto& r : requests) total += static_cast<int64_t>(r.size());
+    out.n_tokens = total;
+    for (const auto& r : requests)
+        out.logits.push_back(
+            Tensor::zeros(DType::F32, opt.all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
+                                                     : Shape{cfg.vocab_size}));
+    if (opt.record_hidden) {
+        for (int i = 0; i <= cfg.n_layers; ++i)
+            out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.hc, cfg.d_model}));
+        out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.d_model}));
+    }
+    if (opt.record_topk)
+        for (int i = 0; i < cfg.n_layers; ++i)
+            out.topk.push_back(cfg.layer_types[i] == AttnType::CSA
+                                   ? Tensor::zeros(DType::I32, {total, cfg.index_topk})
+                                   : Tensor());
+    std::vector<bool> tbo(chunks.size());
+    for (size_t c = 0; c < chunks.size(); ++c) {
+        tbo[c] = opt.tbo == TboMode::On ||
+                 (opt.tbo == TboMode::Auto && tbo_pays(cfg, chunks[c].n_tokens(), C));
+        if (tbo[c] && chunks[c].n_tokens() < 2) tbo[c] = false;  // nothing to split
+        out.tbo_used = out.tbo_used || tbo[c];
+    }
+
+    auto comms = make_local_communicators(C, opt.comm);
+    std::vector<std::unique_ptr<Communicator>> overlaps(C);
+    const int total_threads = opt.threads > 0 ? opt.threads : default_thread_count();
+    std::mutex err_mu;
+    std::exception_ptr first_error;
+    Collector collector{&out, total};
+    std::vector<std::thread> threads;
+    // dup() is collective: every rank calls it before starting, in rank threads.
+    for (int r = 0; r < C; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                overlaps[r] = comms[r]->dup();
+                Stream compute("compute/" + std::to_string(r), Stream::Kind::Inline);
+                Stream comm("comm/" + std::to_string(r), Stream::Kind::Worker);
+                RankContext ctx{r,        C,     comms[r].get(),   overlaps[r].get(),
+                                &compute, &comm, opt.comm.deadline};
+                ThreadPool pool(std::max(1, total_threads / C));
+                RankRunner runner(ctx, *rank_weights[r], opt, pool,
+                                  static_cast<int>(requests.size()), r == 0 ? &collector : nullptr);
+                int64_t offset = 0;
+                for (size_t c = 0; c < chunks.size(); ++c) {
+                    runner.run_batch(chunks[c], offset, tbo[c], requests);
+                    offset += chunks[c].n_tokens();
+                }
+                comm.synchronize(opt.comm.deadline);
+                if (r == 0) out.kv = std::move(runner.store());
+            } catch (const std::exception& e) {
+                {
+                    std::lock_guard<std::mutex> lock(err_mu);
+                    if (!first_error) first_error = std::current_exception();
+                }
+                comms[r]->abort(e.what());
+                if (overlaps[r]) overlaps[r]->abort(e.what());
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    if (first_error) std::rethrow_exception(first_error);
+    return out;
+}
+
+}  // namespace cpfill

@@ -1,0 +1,51 @@
+// The context-parallel prefill on CPU ranks (design.md §4–§5): C rank threads, each holding all
+// attention weights and a 1/C slice of every expert, run the layers over round-robin local rows
+// with all-gathers of attention inputs and MoE inputs and a reduce-scatter of the MoE sums. With
+// two-batch overlap the batch is split in two sub-batches whose stages alternate so that one's
+// collectives run on the comm stream under the other's compute. CP = 1 is the same code with
+// trivial collectives: it is also the single-rank reference.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/kv_store.h"
+#include "model/weights.h"
+#include "runtime/communicator.h"
+
+namespace cpfill {
+
+enum class TboMode { Off, On, Auto };
+
+struct PrefillOptions {
+    int cp = 1;
+    TboMode tbo = TboMode::Off;
+    int64_t chunk = 0;        // > 0: process the token stream in chunks of this many tokens
+    int threads = 0;          // CPU threads in all (0: all hardware threads), shared by the ranks
+    bool all_logits = false;  // logits of every position instead of each request's last
+    bool record_hidden = false;  // residual streams after the embedding, each layer, final norm
+    bool record_topk = false;    // indexer selections of CSA layers
+    LocalCommOptions comm;
+};
+
+struct PrefillOutput {
+    std::vector<Tensor> logits;  // per request: f32 [vocab] or [len, vocab] (all_logits)
+    // record_hidden: n_layers + 2 tensors over all tokens in request order: f32 [T, hc, d_model]
+    // after the embedding and after each layer, then f32 [T, d_model] after hc_head + norm.
+    std::vector<Tensor> hidden;
+    std::vector<Tensor> topk;  // record_topk: per layer i32 [T, index_topk] (CSA layers only)
+    KvStore kv;                // rank 0's KV store after the last chunk
+    bool tbo_used = false;
+    int64_t n_tokens = 0;
+};
+
+// rank_weights[r]: the weights of rank r (its expert slice r of C). Requests must be valid
+// (validate_requests). Throws the first rank's error; peers are aborted, never left hanging.
+PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
+                         const std::vector<std::vector<int32_t>>& requests,
+                         const PrefillOptions& opt);
+
+// Whether `--tbo auto` splits a batch of n_tokens on cp ranks (documented in docs/parallel.md).
+bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp);
+
+}  // namespace cpfill
