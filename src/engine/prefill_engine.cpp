@@ -5,7 +5,6 @@
 
 #include "io/checkpoint.h"
 #include "model/batch.h"
-#include "ops/linear.h"
 
 namespace cpfill {
 
@@ -22,9 +21,9 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  options.cp);
     Checkpoint ckpt(model_dir);
     const ModelConfig& cfg = ckpt.config();
-    CPFILL_CHECK(cfg.moe_dim % options.cp == 0,
-                 "--cp {}: the experts' width moe_intermediate_size {} must be divisible by the "
-                 "number of ranks (try a divisor of {})",
+    CPFILL_CHECK(cfg.moe_dim >= options.cp,
+                 "--cp {}: the experts' width moe_intermediate_size {} cannot be split over more "
+                 "ranks than it has units (expected --cp <= {})",
                  options.cp, cfg.moe_dim, cfg.moe_dim);
     full_ = load_weights(ckpt);
     for (int r = 0; r < options.cp; ++r) ranks_.push_back(slice_experts(full_, {r, options.cp}));
@@ -34,7 +33,6 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
             L.moe.w2.clear();
         }
     }
-    ops::set_blas_threads(1);  // parallelism comes from the ranks' pools (ops/linear.h)
     load_seconds_ = seconds_since(t0);
 }
 

@@ -30,7 +30,8 @@ Tensor col_slice(const Tensor& t, int64_t begin, int64_t end) {
 // [w1 slice; w3 slice] and the matching w2 columns.
 void load_swiglu(const Checkpoint& ck, const std::string& prefix, const ExpertSlice& s,
                  int64_t moe_dim, Tensor& w13, Tensor& w2) {
-    const int64_t width = moe_dim / s.parts, b = s.part * width, e = b + width;
+    const int64_t b = moe_dim * s.part / s.parts, e = moe_dim * (s.part + 1) / s.parts;
+    const int64_t width = e - b;
     Tensor w1 = row_slice(ck.get_f32(prefix + "w1.weight"), b, e);
     Tensor w3 = row_slice(ck.get_f32(prefix + "w3.weight"), b, e);
     const int64_t d = w1.dim(1);
@@ -97,8 +98,9 @@ ModelWeights load_weights(const Checkpoint& ck, ExpertSlice slice) {
     const ModelConfig& cfg = ck.config();
     CPFILL_CHECK(slice.parts >= 1 && slice.part >= 0 && slice.part < slice.parts,
                  "expert slice {} of {} is out of range", slice.part, slice.parts);
-    CPFILL_CHECK(cfg.moe_dim % slice.parts == 0,
-                 "moe_intermediate_size {} is not divisible by {} ranks", cfg.moe_dim, slice.parts);
+    CPFILL_CHECK(cfg.moe_dim >= slice.parts,
+                 "moe_intermediate_size {} cannot be split over {} ranks", cfg.moe_dim,
+                 slice.parts);
     ModelWeights w;
     w.cfg = cfg;
     w.slice = slice;
@@ -128,14 +130,17 @@ Tensor w13_slice(const Tensor& w13, int64_t b, int64_t e) {
 ModelWeights slice_experts(const ModelWeights& full, ExpertSlice slice) {
     CPFILL_CHECK(full.slice.parts == 1, "slice_experts needs fully loaded experts");
     const int64_t moe_dim = full.cfg.moe_dim;
-    CPFILL_CHECK(slice.parts >= 1 && slice.part >= 0 && slice.part < slice.parts &&
-                     moe_dim % slice.parts == 0,
-                 "cannot split moe_intermediate_size {} into {} slices (slice {})", moe_dim,
-                 slice.parts, slice.part);
+    CPFILL_CHECK(
+        slice.parts >= 1 && slice.part >= 0 && slice.part < slice.parts && moe_dim >= slice.parts,
+        "cannot split moe_intermediate_size {} into {} slices (slice {})", moe_dim, slice.parts,
+        slice.part);
     ModelWeights w = full;  // tensors are shared, not copied
     w.slice = slice;
     if (slice.parts == 1) return w;
-    const int64_t width = moe_dim / slice.parts, b = slice.part * width, e = b + width;
+    // Slice p holds hidden units [moe_dim·p/parts, moe_dim·(p+1)/parts): even when parts does not
+    // divide moe_dim, the partial sums over all slices add up to the full expert output.
+    const int64_t b = moe_dim * slice.part / slice.parts,
+                  e = moe_dim * (slice.part + 1) / slice.parts;
     for (LayerWeights& L : w.layers) {
         for (size_t x = 0; x < L.moe.w13.size(); ++x) {
             L.moe.w13[x] = w13_slice(L.moe.w13[x], b, e);

@@ -57,8 +57,8 @@ struct LayerWeights {
 };
 
 struct ExpertSlice {
-    int part = 0;   // which slice of the expert hidden width this rank holds
-    int parts = 1;  // how many slices (the CP size); moe_dim must be divisible by it
+    int part = 0;  // which slice of the expert hidden width this rank holds
+    int parts = 1;  // how many slices (the CP size); slice p holds units [D·p/parts, D·(p+1)/parts)
 };
 
 struct ModelWeights {

@@ -277,6 +277,7 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
         out.tbo_used = out.tbo_used || tbo[c];
     }
 
+    ops::set_blas_threads(1);  // parallelism comes from the ranks' pools (ops/linear.h)
     auto comms = make_local_communicators(C, opt.comm);
     std::vector<std::unique_ptr<Communicator>> overlaps(C);
     const int total_threads = opt.threads > 0 ? opt.threads : default_thread_count();
