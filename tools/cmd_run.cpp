@@ -1,7 +1,11 @@
 // cpfill run: prefill of one or more prompts given as token ids; prints each request's first
 // (argmax) token, TTFT and tokens/s; optionally writes logits to a safetensors file.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/kv_export.h"
 #include "engine/prefill_engine.h"
 #include "io/safetensors.h"
 #include "tools/commands.h"
@@ -22,7 +26,37 @@ struct RunArgs {
     int cp = 1;
     std::string tbo = "auto";
     int64_t chunk = 0;
+    std::string kv_out;
+    bool json = false;
 };
+
+int64_t peak_rss_bytes() {
+    struct rusage u {};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& r,
+                const std::vector<std::vector<int32_t>>& requests) {
+    nlohmann::json j;
+    j["requests"] = nlohmann::json::array();
+    for (size_t i = 0; i < requests.size(); ++i)
+        j["requests"].push_back(
+            {{"tokens", requests[i].size()}, {"first_token", r.first_tokens[i]}});
+    j["device"] = "cpu";
+    j["cp"] = a.cp;
+    j["tbo"] = r.out.tbo_used;
+    j["chunk"] = a.chunk;
+    j["n_tokens"] = r.n_tokens;
+    j["timings"] = {{"load_s", engine.load_seconds()},
+                    {"ttft_s", r.prefill_seconds},
+                    {"tokens_per_s", r.n_tokens / r.prefill_seconds}};
+    j["memory"] = {{"rank_weight_bytes", engine.rank_weight_bytes()},
+                   {"peak_rss_bytes", peak_rss_bytes()}};
+    if (!a.logits_out.empty()) j["logits_out"] = a.logits_out;
+    if (!a.kv_out.empty()) j["kv_out"] = a.kv_out;
+    fmt::print("{}\n", j.dump());
+}
 
 TboMode parse_tbo(const std::string& s) {
     if (s == "on") return TboMode::On;
@@ -62,6 +96,12 @@ int run(const RunArgs& a) {
     opt.tbo = parse_tbo(a.tbo);
     opt.chunk = a.chunk;
     RunResult r = engine.run(requests, opt);
+    if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
+    if (!a.kv_out.empty()) write_kv_state(a.kv_out, r.out.kv, engine.config());
+    if (a.json) {
+        print_json(a, engine, r, requests);
+        return 0;
+    }
     for (size_t i = 0; i < requests.size(); ++i)
         fmt::print("request {}: {} tokens, first token {}\n", i, requests[i].size(),
                    r.first_tokens[i]);
@@ -93,6 +133,10 @@ Runner add_run_command(CLI::App& app) {
         ->check(CLI::IsMember({"on", "off", "auto"}));
     c->add_option("--chunk", args->chunk, "prefill in chunks of this many tokens (0: one pass)")
         ->check(CLI::NonNegativeNumber);
+    c->add_option(
+        "--kv-out", args->kv_out,
+        "write each request's KV state for a decoder into this folder (docs/kv-state.md)");
+    c->add_flag("--json", args->json, "print one JSON object instead of text (docs/cli.md)");
     return [args] { return run(*args); };
 }
 

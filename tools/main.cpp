@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+        const int code = app.exit(e);  // prints help or the usage error
+        return code == 0 ? 0 : 2;      // docs/cli.md: 2 = command-line usage error
     }
     try {
         for (auto& [cmd, run] : runners)

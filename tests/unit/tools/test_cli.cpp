@@ -103,6 +103,48 @@ TEST(Cli, GenInspectRunRoundTrip) {
     EXPECT_EQ(r.code, 0) << r.out;
 }
 
+TEST(Cli, KvExportAfterOnePassEqualsAfterChunks) {
+    TempDir tmp;
+    SafetensorsFile ref(kFixture + "/reference.safetensors");
+    Tensor ids = ref.get("input_ids_0");  // 270 tokens
+    {
+        std::ofstream ids_file(tmp.file("ids.txt"));
+        for (int64_t i = 0; i < ids.numel(); ++i) ids_file << ids.data<int64_t>()[i] << " ";
+    }
+    const std::string base = "run --model " + kFixture + " --input-ids-file " + tmp.file("ids.txt");
+    ASSERT_EQ(run_cli(base + " --kv-out " + tmp.file("one")).code, 0);
+    ASSERT_EQ(run_cli(base + " --cp 2 --chunk 131 --kv-out " + tmp.file("chunks")).code, 0);
+    SafetensorsFile a(tmp.file("one") + "/request_0.safetensors");
+    SafetensorsFile b(tmp.file("chunks") + "/request_0.safetensors");
+    ASSERT_EQ(a.tensors().size(), b.tensors().size());
+    EXPECT_TRUE(a.has("layers.1.compressor.overlap_kv"));  // CSA layer of this fixture
+    EXPECT_EQ(a.get("layers.0.window").dim(0), 127);
+    for (const auto& [name, info] : a.tensors()) {
+        Tensor x = a.get(name), y = b.get(name);
+        ASSERT_EQ(x.shape(), y.shape()) << name;
+        for (int64_t i = 0; i < x.numel(); ++i)
+            ASSERT_NEAR(x.f32()[i], y.f32()[i], 1e-5 * (1 + std::abs(x.f32()[i])))
+                << name << " " << i;
+    }
+    EXPECT_EQ(a.metadata().at("n_tokens"), "270");
+}
+
+TEST(Cli, JsonOutput) {
+    Result r = run_cli("run --model " + kFixture + " --input-ids 3,4,5 --json --cp 2 --tbo on");
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["requests"][0]["tokens"], 3);
+    EXPECT_TRUE(j["requests"][0]["first_token"].is_number_integer());
+    EXPECT_EQ(j["cp"], 2);
+    EXPECT_GT(j["timings"]["ttft_s"].get<double>(), 0.0);
+    EXPECT_GT(j["memory"]["peak_rss_bytes"].get<int64_t>(), 0);
+}
+
+TEST(Cli, UsageErrorExitsWithTwo) {
+    EXPECT_EQ(run_cli("run --input-ids 1").code, 2);
+    EXPECT_EQ(run_cli("no-such-command").code, 2);
+}
+
 TEST(Cli, TruncatedFile) {
     TempDir tmp;
     copy_model(tmp);
