@@ -11,9 +11,16 @@ namespace cpfill::tools {
 
 namespace {
 
-std::string gib(double bytes) { return fmt::format("{:.3f} GiB", bytes / (1ull << 30)); }
+std::string gib(double bytes) {
+    if (bytes < double(1ull << 30)) return fmt::format("{:.2f} MiB", bytes / (1ull << 20));
+    return fmt::format("{:.3f} GiB", bytes / (1ull << 30));
+}
 
-int inspect(const std::string& dir) {
+bool is_expert(const WeightSpec& spec) {
+    return spec.expert >= 0 || spec.name.find(".shared_experts.") != std::string::npos;
+}
+
+int inspect(const std::string& dir, int cp) {
     Checkpoint ck(dir);
     ck.validate();
     const ModelConfig& c = ck.config();
@@ -29,7 +36,7 @@ int inspect(const std::string& dir) {
         fmt::print(" {}:{}/{}", i, attn_type_name(c.layer_types[i]), mlp_type_name(c.mlp_types[i]));
     fmt::print("\n");
     std::map<std::string, std::pair<int, double>> by_dtype;
-    double stored = 0, fp32 = 0;
+    double stored = 0, fp32 = 0, expert_stored = 0, expert_fp32 = 0;
     for (const auto& spec : ck.specs().all()) {
         StoredWeight w = ck.stored(spec.name);
         auto& e = by_dtype[std::string(dtype_name(w.dtype))];
@@ -37,10 +44,18 @@ int inspect(const std::string& dir) {
         e.second += static_cast<double>(w.bytes);
         stored += static_cast<double>(w.bytes);
         fp32 += 4.0 * static_cast<double>(shape_numel(spec.shape));
+        if (is_expert(spec)) {
+            expert_stored += static_cast<double>(w.bytes);
+            expert_fp32 += 4.0 * static_cast<double>(shape_numel(spec.shape));
+        }
     }
     for (const auto& [name, e] : by_dtype)
         fmt::print("  {:8} {:6} weights  {}\n", name, e.first, gib(e.second));
     fmt::print("  stored {}; CPU backend (fp32) needs {}\n", gib(stored), gib(fp32));
+    // design.md §4: attention, norms, router and head replicated; routed and shared experts 1/C.
+    fmt::print("  per rank with --cp {}: stored {} (experts {} / {}), CPU fp32 {}\n", cp,
+               gib(stored - expert_stored + expert_stored / cp), gib(expert_stored), cp,
+               gib(fp32 - expert_fp32 + expert_fp32 / cp));
     auto unused = ck.unused_tensors();
     if (!unused.empty())
         fmt::print("  {} stored tensors unused (e.g. {})\n", unused.size(), unused.front());
@@ -51,9 +66,12 @@ int inspect(const std::string& dir) {
 
 Runner add_inspect_command(CLI::App& app) {
     auto dir = std::make_shared<std::string>();
+    auto cp = std::make_shared<int>(1);
     CLI::App* c = app.add_subcommand("inspect", "describe a checkpoint");
     c->add_option("--model", *dir, "model folder")->required();
-    return [dir] { return inspect(*dir); };
+    c->add_option("--cp", *cp, "show each rank's weight bytes for this many ranks")
+        ->check(CLI::Range(1, 1024));
+    return [dir, cp] { return inspect(*dir, *cp); };
 }
 
 }  // namespace cpfill::tools

@@ -1,15 +1,17 @@
 // Checkpoint: name resolution (tensor_names), format detection from the stored dtype, shape
-// checks against the weight table (weight_specs) and dequantisation (quant). Stored tensors stay
-// mmapped; only the rows asked for are converted.
+// checks against the weight table (weight_specs) and dequantisation of any rectangle of a weight
+// (read_block). Stored tensors stay mmapped; only the blocks covering the rectangle are touched.
+// The element conversions are those of core/dtype (through lookup tables holding exactly their
+// values), so every rectangle has the same bits as the matching part of the whole weight
+// dequantised by io/quant.
 #include "io/checkpoint.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <set>
-
-#include "io/quant.h"
 
 namespace cpfill {
 
@@ -55,40 +57,108 @@ const char* format_desc(Format f) {
     return "?";
 }
 
-// Rows [r0, r1) of dimension 0 of `t`, zero-copy (keeps `t`'s storage alive).
-Tensor rows_view(const Tensor& t, int64_t r0, int64_t r1) {
-    Shape s = t.shape();
-    const size_t row_bytes = s[0] > 0 ? t.nbytes() / static_cast<size_t>(s[0]) : 0;
-    s[0] = r1 - r0;
-    auto keep = std::make_shared<Tensor>(t);
-    const auto* base = static_cast<const std::byte*>(keep->raw());
-    return Tensor::borrow(t.dtype(), std::move(s), base + static_cast<size_t>(r0) * row_bytes,
-                          std::shared_ptr<const void>(keep, keep->raw()));
-}
-
-// Slice [e] of a stacked [E, ...] tensor, as a tensor of the remaining dimensions.
-Tensor expert_view(const Tensor& t, int e) {
-    Shape inner(t.shape().begin() + 1, t.shape().end());
-    return rows_view(t, e, e + 1).reshaped(inner);
-}
-
-// Block scales as E8M0: F8_E8M0 as is; F32 (HF keeps scale_inv in fp32) if every value is a
-// power of two.
-Tensor scale_as_e8m0(const Tensor& s, const std::string& name) {
-    if (s.dtype() == DType::F8_E8M0) return s;
-    CPFILL_CHECK(s.dtype() == DType::F32,
-                 "block scale {}: expected dtype F8_E8M0 (or F32), found {}", name, s.dtype());
-    Tensor out = Tensor::empty(DType::F8_E8M0, s.shape());
-    const float* src = s.f32();
-    uint8_t* dst = out.data<uint8_t>();
-    for (int64_t i = 0; i < s.numel(); ++i) {
-        int exp = 0;
-        const float m = std::frexp(src[i], &exp);  // src = m · 2^exp, m in [0.5, 1)
-        CPFILL_CHECK(m == 0.5f && exp - 1 >= -127 && exp - 1 <= 127,
-                     "block scale {}: element {} is {}, expected a power of two", name, i, src[i]);
-        dst[i] = static_cast<uint8_t>(exp - 1 + 127);
+// Element values of e4m3, e2m1 and e8m0 codes: exactly core/dtype's conversions, tabulated.
+struct CodeTables {
+    float e4m3[256], e8m0[256], e2m1[16];
+    CodeTables() {
+        for (int v = 0; v < 256; ++v) {
+            e4m3[v] = e4m3_to_f32(static_cast<uint8_t>(v));
+            e8m0[v] = e8m0_to_f32(static_cast<uint8_t>(v));
+        }
+        for (int v = 0; v < 16; ++v) e2m1[v] = e2m1_to_f32(static_cast<uint8_t>(v));
     }
-    return out;
+};
+const CodeTables& code_tables() {
+    static const CodeTables t;
+    return t;
+}
+
+// A stored 2-D slab [rows, cols] (logical columns; fp4 packs two per byte) and its block scales.
+struct Slab {
+    Format fmt = Format::Float;
+    DType dtype = DType::F32;
+    const uint8_t* w = nullptr;  // row 0 of the slab
+    int64_t cols = 0;
+    const uint8_t* s = nullptr;  // scale [.., scols]: E8M0 bytes, or F32 powers of two (HF)
+    DType sdtype = DType::F8_E8M0;
+    int64_t scols = 0;
+    const std::string* scale_name = nullptr;
+
+    // Scale i as a float: E8M0 through the table; an F32 scale must be a power of two 2^k,
+    // k in [-127, 127] (what converting it to E8M0 would keep exactly).
+    float scale(int64_t i) const {
+        if (sdtype == DType::F8_E8M0) return code_tables().e8m0[s[i]];
+        float v;
+        std::memcpy(&v, s + 4 * i, 4);
+        int exp = 0;
+        const float m = std::frexp(v, &exp);  // v = m · 2^exp, m in [0.5, 1)
+        CPFILL_CHECK(m == 0.5f && exp - 1 >= -127 && exp - 1 <= 127,
+                     "block scale {}: element {} is {}, expected a power of two", *scale_name, i,
+                     v);
+        return v;
+    }
+};
+
+// Rows [r0, r1) × columns [c0, c1) of a float slab into dst (c1 - c0 per row).
+void read_float(const Slab& sl, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* dst) {
+    const int64_t n = c1 - c0;
+    const size_t esize = dtype_size(sl.dtype);
+    for (int64_t r = r0; r < r1; ++r, dst += n) {
+        const uint8_t* src = sl.w + (r * sl.cols + c0) * static_cast<int64_t>(esize);
+        if (sl.dtype == DType::F32) {
+            std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+        } else if (sl.dtype == DType::BF16) {
+            for (int64_t c = 0; c < n; ++c) {
+                uint16_t v;
+                std::memcpy(&v, src + 2 * c, 2);
+                dst[c] = std::bit_cast<float>(static_cast<uint32_t>(v) << 16);  // = bf16_to_f32
+            }
+        } else {
+            for (int64_t c = 0; c < n; ++c) {
+                uint16_t v;
+                std::memcpy(&v, src + 2 * c, 2);
+                dst[c] = f16_to_f32(v);
+            }
+        }
+    }
+}
+
+// fp8: W[r, c] = e4m3(q[r, c]) · scale[r / 128, c / 128]; one scale per row and 128-column tile.
+void read_fp8(const Slab& sl, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* dst) {
+    const float* lut = code_tables().e4m3;
+    for (int64_t r = r0; r < r1; ++r, dst += c1 - c0) {
+        const uint8_t* q = sl.w + r * sl.cols;
+        const int64_t srow = (r / kFp8Block) * sl.scols;
+        for (int64_t c = c0; c < c1;) {
+            const int64_t tile = c / kFp8Block, end = std::min(c1, (tile + 1) * kFp8Block);
+            const float sc = sl.scale(srow + tile);
+            for (; c < end; ++c) dst[c - c0] = lut[q[c]] * sc;
+        }
+    }
+}
+
+// fp4: W[r, c] = e2m1(nibble c of row r; element 2j low, 2j+1 high) · scale[r, c / 32].
+void read_fp4(const Slab& sl, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* dst) {
+    const float* lut = code_tables().e2m1;
+    for (int64_t r = r0; r < r1; ++r, dst += c1 - c0) {
+        const uint8_t* q = sl.w + r * (sl.cols / 2);
+        const int64_t srow = r * sl.scols;
+        for (int64_t c = c0; c < c1;) {
+            const int64_t block = c / kFp4Block, end = std::min(c1, (block + 1) * kFp4Block);
+            const float sc = sl.scale(srow + block);
+            for (; c < end; ++c) {
+                const uint8_t byte = q[c >> 1];
+                dst[c - c0] = lut[(c & 1) ? (byte >> 4) : (byte & 0xf)] * sc;
+            }
+        }
+    }
+}
+
+// A weight seen as 2-D: [shape[0], product of the other dimensions] (1-D: one column).
+std::pair<int64_t, int64_t> dims_2d(const Shape& shape) {
+    int64_t cols = 1;
+    for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+    return {shape.empty() ? 1 : shape[0], cols};
 }
 
 }  // namespace
@@ -194,28 +264,50 @@ Checkpoint::Located Checkpoint::locate(const WeightSpec& spec) const {
     return loc;
 }
 
-Tensor Checkpoint::read_rows(const WeightSpec& spec, const Located& loc, int64_t r0,
-                             int64_t r1) const {
-    Tensor w = files_->get(loc.name);
-    if (loc.expert >= 0) w = expert_view(w, loc.expert);
-    const int64_t a = loc.row_off + r0, b = loc.row_off + r1;  // rows inside the slab
-    Shape out_shape = spec.shape;
-    out_shape[0] = r1 - r0;
-    if (loc.fmt == Format::Float) return to_f32(rows_view(w, a, b)).reshaped(out_shape);
+void Checkpoint::read_block(const WeightSpec& spec, const Located& loc, int64_t r0, int64_t r1,
+                            int64_t c0, int64_t c1, float* dst) const {
+    if (r0 == r1 || c0 == c1) return;
+    const Tensor w = files_->get(loc.name);  // a view of the mapping (stacked: [E, ...])
+    Slab sl;
+    sl.fmt = loc.fmt;
+    sl.dtype = w.dtype();
+    sl.cols = dims_2d(spec.shape).second;
+    sl.w = static_cast<const uint8_t*>(w.raw());
+    if (loc.expert >= 0) sl.w += w.nbytes() / static_cast<size_t>(w.dim(0)) * loc.expert;
+    Tensor s;
+    if (!loc.scale.empty()) {
+        s = files_->get(loc.scale);
+        sl.s = static_cast<const uint8_t*>(s.raw());
+        if (loc.expert >= 0) sl.s += s.nbytes() / static_cast<size_t>(s.dim(0)) * loc.expert;
+        sl.sdtype = s.dtype();
+        sl.scols = s.dim(s.ndim() - 1);
+        sl.scale_name = &loc.scale;
+    }
+    // Rows inside the slab: the w3 half of a stacked gate_up_proj starts at row_off.
+    const int64_t a = loc.row_off + r0, b = loc.row_off + r1;
+    switch (loc.fmt) {
+        case Format::Float:
+            return read_float(sl, a, b, c0, c1, dst);
+        case Format::Fp8:
+            return read_fp8(sl, a, b, c0, c1, dst);
+        case Format::Fp4:
+            return read_fp4(sl, a, b, c0, c1, dst);
+        case Format::Int:
+            break;
+    }
+    CPFILL_FAIL("tensor {} holds integers: use get_i64", spec.name);
+}
 
-    Tensor s = scale_as_e8m0(files_->get(loc.scale), loc.scale);
-    if (loc.expert >= 0) s = expert_view(s, loc.expert);
-    if (loc.fmt == Format::Fp4)
-        return dequantize_fp4_block32(rows_view(w, a, b), rows_view(s, a, b));
-    // fp8: dequantise the 128-row tiles covering [a, b), then keep the rows asked for.
-    const int64_t t0 = a / kFp8Block, t1 = ceil_div(b, kFp8Block);
-    const int64_t w0 = t0 * kFp8Block, w1 = std::min(w.dim(0), t1 * kFp8Block);
-    Tensor tiles = dequantize_fp8_block128(rows_view(w, w0, w1), rows_view(s, t0, t1));
-    if (w0 == a && w1 == b) return tiles;
-    Tensor out = Tensor::empty(DType::F32, out_shape);
-    const int64_t cols = tiles.dim(1);
-    std::memcpy(out.f32(), tiles.f32() + (a - w0) * cols, out.nbytes());
-    return out;
+void Checkpoint::read_f32_block(const std::string& canonical, int64_t r0, int64_t r1, int64_t c0,
+                                int64_t c1, float* dst) const {
+    const WeightSpec& spec = specs_.at(canonical);
+    CPFILL_CHECK(spec.cls != WeightClass::I64, "tensor {} holds integers: use get_i64", canonical);
+    const auto [rows, cols] = dims_2d(spec.shape);
+    CPFILL_CHECK(0 <= r0 && r0 <= r1 && r1 <= rows && 0 <= c0 && c0 <= c1 && c1 <= cols,
+                 "tensor {}: block rows [{}, {}) x columns [{}, {}) out of range for shape {} "
+                 "(seen as [{}, {}])",
+                 canonical, r0, r1, c0, c1, shape_str(spec.shape), rows, cols);
+    read_block(spec, locate(spec), r0, r1, c0, c1, dst);
 }
 
 bool Checkpoint::has(const std::string& canonical) const {
@@ -245,18 +337,37 @@ StoredWeight Checkpoint::stored(const std::string& canonical) const {
 
 Tensor Checkpoint::get_f32(const std::string& canonical) const {
     const WeightSpec& spec = specs_.at(canonical);
-    CPFILL_CHECK(spec.cls != WeightClass::I64, "tensor {} holds integers: use get_i64", canonical);
-    return read_rows(spec, locate(spec), 0, spec.shape[0]);
+    const auto [rows, cols] = dims_2d(spec.shape);
+    Tensor out = Tensor::empty(DType::F32, spec.shape);
+    read_f32_block(canonical, 0, rows, 0, cols, out.f32());
+    return out;
 }
 
 Tensor Checkpoint::get_f32_rows(const std::string& canonical, int64_t row_begin,
                                 int64_t row_end) const {
     const WeightSpec& spec = specs_.at(canonical);
-    CPFILL_CHECK(spec.cls != WeightClass::I64, "tensor {} holds integers: use get_i64", canonical);
-    CPFILL_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= spec.shape[0],
+    const auto [rows, cols] = dims_2d(spec.shape);
+    CPFILL_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= rows,
                  "tensor {}: rows [{}, {}) out of range for shape {}", canonical, row_begin,
                  row_end, shape_str(spec.shape));
-    return read_rows(spec, locate(spec), row_begin, row_end);
+    Shape shape = spec.shape;
+    shape[0] = row_end - row_begin;
+    Tensor out = Tensor::empty(DType::F32, shape);
+    read_f32_block(canonical, row_begin, row_end, 0, cols, out.f32());
+    return out;
+}
+
+Tensor Checkpoint::get_f32_cols(const std::string& canonical, int64_t col_begin,
+                                int64_t col_end) const {
+    const WeightSpec& spec = specs_.at(canonical);
+    CPFILL_CHECK(spec.shape.size() == 2, "tensor {}: column slices need a 2-D weight, found {}",
+                 canonical, shape_str(spec.shape));
+    CPFILL_CHECK(0 <= col_begin && col_begin <= col_end && col_end <= spec.shape[1],
+                 "tensor {}: columns [{}, {}) out of range for shape {}", canonical, col_begin,
+                 col_end, shape_str(spec.shape));
+    Tensor out = Tensor::empty(DType::F32, {spec.shape[0], col_end - col_begin});
+    read_f32_block(canonical, 0, spec.shape[0], col_begin, col_end, out.f32());
+    return out;
 }
 
 Tensor Checkpoint::get_i64(const std::string& canonical) const {

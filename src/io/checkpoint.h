@@ -48,6 +48,14 @@ class Checkpoint {
     Tensor get_f32(const std::string& canonical) const;
     // Rows [row_begin, row_end) of dimension 0, dequantised (only the needed blocks are read).
     Tensor get_f32_rows(const std::string& canonical, int64_t row_begin, int64_t row_end) const;
+    // Columns [col_begin, col_end) of a 2-D weight, dequantised (only the needed blocks are read:
+    // the 128×128 tiles of fp8, the 1×32 blocks of fp4).
+    Tensor get_f32_cols(const std::string& canonical, int64_t col_begin, int64_t col_end) const;
+    // Rows [r0, r1) × columns [c0, c1) of a weight seen as 2-D ([shape[0], rest]; a 1-D weight
+    // has one column), dequantised into `dst`: f32 [r1 - r0, c1 - c0], row-major. The building
+    // block of the getters above and of the parallel loader (model/weights.h); thread-safe.
+    void read_f32_block(const std::string& canonical, int64_t r0, int64_t r1, int64_t c0,
+                        int64_t c1, float* dst) const;
     // An integer table (tid2eid) as I64; accepts I64 or I32 storage; values checked in [0, E).
     Tensor get_i64(const std::string& canonical) const;
 
@@ -60,7 +68,8 @@ class Checkpoint {
   private:
     struct Located;  // a resolved stored weight (see checkpoint.cpp)
     Located locate(const WeightSpec& spec) const;
-    Tensor read_rows(const WeightSpec& spec, const Located& loc, int64_t r0, int64_t r1) const;
+    void read_block(const WeightSpec& spec, const Located& loc, int64_t r0, int64_t r1,
+                    int64_t c0, int64_t c1, float* dst) const;
 
     std::string dir_;
     ModelConfig cfg_;

@@ -1,8 +1,9 @@
 // SafetensorsSet: every tensor of a checkpoint by name, across the files of a folder.
 // With model.safetensors.index.json the index is authoritative and checked against the files:
 // every file it names exists, every tensor it maps is in that file, and every tensor of a file is
-// mapped to that file. Without an index, all *.safetensors of the folder are read and a name may
-// appear in only one of them.
+// mapped to that file. Without an index, model.safetensors alone when it exists (as HF reads a
+// single-file checkpoint; other files beside it, e.g. test references, are not weights), else all
+// *.safetensors of the folder, and a name may appear in only one of them.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -89,9 +90,13 @@ void load_indexed(const fs::path& root, Files& files, Where& where) {
 
 void load_folder(const fs::path& root, Files& files, Where& where) {
     std::vector<fs::path> shards;
-    for (const auto& e : fs::directory_iterator(root))
-        if (e.path().extension() == ".safetensors" && e.is_regular_file())
-            shards.push_back(e.path());
+    if (fs::is_regular_file(root / "model.safetensors")) {
+        shards.push_back(root / "model.safetensors");
+    } else {
+        for (const auto& e : fs::directory_iterator(root))
+            if (e.path().extension() == ".safetensors" && e.is_regular_file())
+                shards.push_back(e.path());
+    }
     CPFILL_CHECK(!shards.empty(), "{}: folder holds neither {} nor any *.safetensors file",
                  root.string(), kIndexName);
     std::sort(shards.begin(), shards.end());

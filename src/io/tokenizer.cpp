@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "io/tokenizer_data.h"
@@ -57,6 +58,7 @@ namespace {
 struct Section {
     std::string_view text;
     int32_t added = -1;
+    bool stripped = false;  // shortened by a neighbour's lstrip/rstrip
 };
 
 std::vector<Section> split_added_tokens(const TokenizerData& d, std::string_view text) {
@@ -96,53 +98,81 @@ std::string_view trim_end(std::string_view s) {
     return s.substr(0, keep);
 }
 
-// Byte-level BPE of one final pre-token.
-void encode_piece(const TokenizerData& d, std::string_view bytes, std::vector<int32_t>& out) {
-    if (d.ignore_merges) {
-        auto it = d.token_to_id.find(tokenizer::to_byte_level(bytes));
-        if (it != d.token_to_id.end()) {
-            out.push_back(it->second);
-            return;
-        }
-    }
-    d.bpe.encode(bytes, out);
-}
+// One encode call's state: the text, its decoded code points, the output, and a cache of the
+// pieces already encoded (keyed by their bytes; the value is where their ids sit in `out`).
+struct Encoder {
+    static constexpr size_t kMaxCachedPiece = 64;  // bytes; longer pieces rarely repeat
 
-// Applies Split step `step` (of d.splits) to code points [lo, hi) of `t`, recursing into the next
-// step for every piece: the matches and the text between them (behavior Isolated).
-void split_step(const TokenizerData& d, size_t step, std::string_view bytes, const DecodedText& t,
-                size_t lo, size_t hi, std::vector<int32_t>& out) {
-    const auto emit = [&](size_t a, size_t b) {
-        if (step + 1 < d.splits.size()) {
-            split_step(d, step + 1, bytes, t, a, b, out);
+    const TokenizerData& d;
+    std::string_view bytes;
+    DecodedText text;
+    std::vector<int32_t>& out;
+    std::unordered_map<std::string_view, std::pair<size_t, size_t>> cache;  // -> (offset, count)
+
+    // Byte-level BPE of one final pre-token, code points [a, b).
+    void piece(size_t a, size_t b) {
+        const std::string_view p = bytes.substr(text.offset(a), text.offset(b) - text.offset(a));
+        if (p.size() <= kMaxCachedPiece) {
+            auto [it, inserted] = cache.try_emplace(p, out.size(), 0);
+            if (!inserted) {
+                const auto [offset, count] = it->second;
+                out.resize(out.size() + count);
+                std::copy_n(out.begin() + offset, count, out.end() - count);
+                return;
+            }
+            bpe(p);
+            it->second.second = out.size() - it->second.first;
         } else {
-            encode_piece(d, bytes.substr(t.offset(a), t.offset(b) - t.offset(a)), out);
+            bpe(p);
         }
-    };
-    size_t prev = lo;
-    for (size_t i = lo; i < hi;) {
-        const size_t n = tokenizer::split_match(d.splits[step], t, i, hi);
-        if (n == 0) {
-            ++i;
-            continue;
-        }
-        if (prev < i) emit(prev, i);
-        emit(i, i + n);
-        i += n;
-        prev = i;
     }
-    if (prev < hi) emit(prev, hi);
-}
 
-void encode_section(const TokenizerData& d, std::string_view text, std::vector<int32_t>& out) {
-    if (d.splits.empty()) {
-        encode_piece(d, text, out);
-        return;
+    void bpe(std::string_view p) {
+        if (d.ignore_merges) {
+            auto it = d.token_to_id.find(tokenizer::to_byte_level(p));
+            if (it != d.token_to_id.end()) {
+                out.push_back(it->second);
+                return;
+            }
+        }
+        d.bpe.encode(p, out);
     }
-    DecodedText t;
-    t.assign(text);
-    split_step(d, 0, text, t, 0, t.size(), out);
-}
+
+    // Applies Split step `step` (of d.splits) to code points [lo, hi), recursing into the next
+    // step for every piece: the matches and the text between them (behavior Isolated).
+    void split(size_t step, size_t lo, size_t hi) {
+        const auto emit = [&](size_t a, size_t b) {
+            if (step + 1 < d.splits.size()) {
+                split(step + 1, a, b);
+            } else {
+                piece(a, b);
+            }
+        };
+        size_t prev = lo;
+        for (size_t i = lo; i < hi;) {
+            const size_t n = tokenizer::split_match(d.splits[step], text, i, hi);
+            if (n == 0) {
+                ++i;
+                continue;
+            }
+            if (prev < i) emit(prev, i);
+            emit(i, i + n);
+            i += n;
+            prev = i;
+        }
+        if (prev < hi) emit(prev, hi);
+    }
+
+    void section(std::string_view s) {
+        bytes = s;
+        text.assign(s);
+        if (d.splits.empty()) {
+            piece(0, text.size());
+        } else {
+            split(0, 0, text.size());
+        }
+    }
+};
 
 }  // namespace
 
@@ -174,23 +204,36 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
         for (size_t i = 0; i < sections.size(); ++i) {
             if (sections[i].added < 0) continue;
             const tokenizer::AddedToken& a = d.added[sections[i].added];
-            if (a.lstrip && i > 0) sections[i - 1].text = trim_end(sections[i - 1].text);
-            if (a.rstrip && i + 1 < sections.size())
+            if (a.lstrip && i > 0) {
+                sections[i - 1].text = trim_end(sections[i - 1].text);
+                sections[i - 1].stripped = true;
+            }
+            if (a.rstrip && i + 1 < sections.size()) {
                 sections[i + 1].text = trim_start(sections[i + 1].text);
+                sections[i + 1].stripped = true;
+            }
         }
     }
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 8);
     if (add_special_tokens) out = d.special_prefix;
+    Encoder encoder{d, {}, {}, out, {}};
     for (const Section& s : sections) {
         if (s.text.empty()) continue;
-        // As the reference does, a section that (after stripping) spells an added token is one.
-        auto it = d.added_by_content.find(s.text);
-        if (it != d.added_by_content.end()) {
-            out.push_back(d.added[it->second].id);
-        } else {
-            encode_section(d, s.text, out);
+        if (s.added >= 0) {
+            out.push_back(d.added[s.added].id);
+            continue;
         }
+        // As the reference does, a section that spells an added token after stripping is one
+        // (untouched sections cannot: the splitter would have matched them).
+        if (s.stripped) {
+            auto it = d.added_by_content.find(s.text);
+            if (it != d.added_by_content.end()) {
+                out.push_back(d.added[it->second].id);
+                continue;
+            }
+        }
+        encoder.section(s.text);
     }
     if (add_special_tokens) out.insert(out.end(), d.special_suffix.begin(), d.special_suffix.end());
     return out;

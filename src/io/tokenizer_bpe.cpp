@@ -148,7 +148,7 @@ void BpeModel::encode_large(std::string_view bytes, std::vector<int32_t>& out) c
         next[k] = k + 1 < n ? static_cast<int32_t>(k + 1) : -1;
     }
     struct Candidate {
-        int32_t rank, left, left_id, right_id;
+        int32_t rank, left, left_id, right_id, result;
         bool operator>(const Candidate& o) const {
             return rank != o.rank ? rank > o.rank : left > o.left;
         }
@@ -158,7 +158,7 @@ void BpeModel::encode_large(std::string_view bytes, std::vector<int32_t>& out) c
         const int32_t right = next[left];
         if (right < 0) return;
         if (const Slot* s = find(ids[left], ids[right]))
-            heap.push(Candidate{s->rank, left, ids[left], ids[right]});
+            heap.push(Candidate{s->rank, left, ids[left], ids[right], s->result});
     };
     for (size_t k = 0; k + 1 < n; ++k) push(static_cast<int32_t>(k));
     while (!heap.empty()) {
@@ -167,7 +167,7 @@ void BpeModel::encode_large(std::string_view bytes, std::vector<int32_t>& out) c
         const int32_t right = next[c.left];
         // Stale when either side has merged since (ids[] of a dead symbol is set to -1).
         if (ids[c.left] != c.left_id || right < 0 || ids[right] != c.right_id) continue;
-        ids[c.left] = find(c.left_id, c.right_id)->result;
+        ids[c.left] = c.result;
         ids[right] = -1;
         next[c.left] = next[right];
         if (next[right] >= 0) prev[next[right]] = c.left;

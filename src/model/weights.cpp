@@ -1,10 +1,18 @@
 // load_weights: fetches every tensor by canonical name (the Checkpoint resolves naming schemes,
 // dequantises and checks shapes), concatenates w1/w3 and slices experts for tensor parallelism.
+// load_rank_weights: the same tensors for all CP ranks at once, as a list of block reads into
+// preallocated tensors run by a thread pool (docs/loading.md).
 #include "model/weights.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 
+#include "core/parallel.h"
 #include "io/checkpoint.h"
+#include "io/progress.h"
 
 namespace cpfill {
 
@@ -150,6 +158,204 @@ ModelWeights slice_experts(const ModelWeights& full, ExpertSlice slice) {
         L.moe.shared_w2 = col_slice(L.moe.shared_w2, b, e);
     }
     return w;
+}
+
+namespace {
+
+// All reads of a load as tasks: a block of a weight dequantised into preallocated memory, cut so
+// that no task is much larger than kChunkBytes of fp32 (the pool balances them dynamically).
+class LoadPlan {
+  public:
+    explicit LoadPlan(const Checkpoint& ck) : ck_(ck) {}
+
+    Tensor whole(const std::string& name) {  // f32 with the weight's logical shape
+        const Shape& shape = ck_.specs().at(name).shape;
+        Tensor t = Tensor::empty(DType::F32, shape);
+        const int64_t rows = shape[0], cols = rows ? t.numel() / rows : 0;
+        const int64_t step = std::max<int64_t>(1, kChunkBytes / (4 * std::max<int64_t>(cols, 1)));
+        for (int64_t r = 0; r < rows; r += step)
+            block(name, r, std::min(rows, r + step), 0, cols, t.f32() + r * cols);
+        return t;
+    }
+    // [w1 rows [b, e); w3 rows [b, e)]: f32 [2 (e - b), d_model].
+    Tensor w13(const std::string& prefix, int64_t b, int64_t e) {
+        const int64_t n = e - b, d = ck_.specs().at(prefix + "w1.weight").shape[1];
+        Tensor t = Tensor::empty(DType::F32, {2 * n, d});
+        block(prefix + "w1.weight", b, e, 0, d, t.f32());
+        block(prefix + "w3.weight", b, e, 0, d, t.f32() + n * d);
+        return t;
+    }
+    // w2 columns [b, e): f32 [d_model, e - b].
+    Tensor w2(const std::string& prefix, int64_t b, int64_t e) {
+        const int64_t d = ck_.specs().at(prefix + "w2.weight").shape[0];
+        Tensor t = Tensor::empty(DType::F32, {d, e - b});
+        block(prefix + "w2.weight", 0, d, b, e, t.f32());
+        return t;
+    }
+    void integers(const std::string& name, Tensor* out) {
+        tasks_.push_back({[this, name, out] { *out = ck_.get_i64(name); }, stored_share(name, 1)});
+        stored_bytes_ += tasks_.back().stored_bytes;
+    }
+
+    // Runs every task on `threads` threads; returns the stored bytes read.
+    size_t run(int threads, bool progress) {
+        Progress bar("loading", stored_bytes_, progress);
+        std::atomic<size_t> next{0};
+        std::atomic<bool> failed{false};
+        ThreadPool pool(threads);
+        pool.parallel_for(pool.size(), [&](int64_t, int64_t) {
+            while (!failed) {
+                const size_t i = next++;
+                if (i >= tasks_.size()) return;
+                try {
+                    tasks_[i].run();
+                } catch (...) {
+                    failed = true;  // the others stop at their next task; the pool rethrows
+                    throw;
+                }
+                bar.add(tasks_[i].stored_bytes);
+            }
+        });
+        return stored_bytes_;
+    }
+    size_t f32_bytes() const { return f32_bytes_; }
+
+  private:
+    static constexpr int64_t kChunkBytes = int64_t{32} << 20;
+
+    struct Task {
+        std::function<void()> run;
+        size_t stored_bytes;  // this task's share of the weight's stored bytes
+    };
+
+    // The share `fraction` of `name`'s stored bytes (fp8 tiles touched twice count once).
+    size_t stored_share(const std::string& name, double fraction) const {
+        return static_cast<size_t>(static_cast<double>(ck_.stored(name).bytes) * fraction);
+    }
+    void block(const std::string& name, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+               float* dst) {
+        const WeightSpec& spec = ck_.specs().at(name);
+        int64_t numel = 1;
+        for (int64_t d : spec.shape) numel *= d;
+        const int64_t n = (r1 - r0) * (c1 - c0);
+        const Checkpoint* ck = &ck_;
+        tasks_.push_back({[ck, name, r0, r1, c0, c1, dst] {
+                              ck->read_f32_block(name, r0, r1, c0, c1, dst);
+                          },
+                          stored_share(name, static_cast<double>(n) / numel)});
+        stored_bytes_ += tasks_.back().stored_bytes;
+        f32_bytes_ += static_cast<size_t>(n) * 4;
+    }
+
+    const Checkpoint& ck_;
+    std::vector<Task> tasks_;
+    size_t stored_bytes_ = 0, f32_bytes_ = 0;
+};
+
+CompressorWeights plan_compressor(LoadPlan& p, const std::string& pre) {
+    return {p.whole(pre + "wkv.weight"), p.whole(pre + "wgate.weight"), p.whole(pre + "ape"),
+            p.whole(pre + "norm.weight")};
+}
+
+MhcWeights plan_mhc(LoadPlan& p, const std::string& pre) {
+    return {p.whole(pre + "_fn"), p.whole(pre + "_base"), p.whole(pre + "_scale")};
+}
+
+// Layer i without its experts (the tensors every rank shares), planned into `L` (which must stay
+// where it is until the plan has run: tid2eid is written into it).
+void plan_dense_layer(LoadPlan& p, const ModelConfig& cfg, int i, LayerWeights& L) {
+    const std::string pre = "layers." + std::to_string(i) + ".";
+    L.type = cfg.layer_types[i];
+    L.mlp = cfg.mlp_types[i];
+    L.hc_attn = plan_mhc(p, pre + "hc_attn");
+    L.hc_ffn = plan_mhc(p, pre + "hc_ffn");
+    L.attn_norm = p.whole(pre + "attn_norm.weight");
+    L.ffn_norm = p.whole(pre + "ffn_norm.weight");
+    AttentionWeights& a = L.attn;
+    const std::string pa = pre + "attn.";
+    a.wq_a = p.whole(pa + "wq_a.weight");
+    a.q_norm = p.whole(pa + "q_norm.weight");
+    a.wq_b = p.whole(pa + "wq_b.weight");
+    a.wkv = p.whole(pa + "wkv.weight");
+    a.kv_norm = p.whole(pa + "kv_norm.weight");
+    a.wo_a = p.whole(pa + "wo_a.weight");
+    a.wo_b = p.whole(pa + "wo_b.weight");
+    a.sink = p.whole(pa + "attn_sink");
+    if (L.type != AttnType::Sliding) a.compressor = plan_compressor(p, pa + "compressor.");
+    if (L.type == AttnType::CSA) {
+        a.idx_wq_b = p.whole(pa + "indexer.wq_b.weight");
+        a.idx_weights_proj = p.whole(pa + "indexer.weights_proj.weight");
+        a.idx_compressor = plan_compressor(p, pa + "indexer.compressor.");
+    }
+    MoeWeights& m = L.moe;
+    const std::string pf = pre + "ffn.";
+    m.gate = p.whole(pf + "gate.weight");
+    if (L.mlp == MlpType::Hash)
+        p.integers(pf + "gate.tid2eid", &m.tid2eid);
+    else
+        m.gate_bias = p.whole(pf + "gate.bias");
+}
+
+// Every rank's slice of layer i's shared and routed experts; the ranks' reads of one expert are
+// planned next to each other, so they touch the same stored pages one after another.
+void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelWeights>& ranks) {
+    const std::string pf = "layers." + std::to_string(i) + ".ffn.";
+    const int C = static_cast<int>(ranks.size());
+    for (ModelWeights& w : ranks) {
+        w.layers[i].moe.w13.resize(cfg.n_experts);
+        w.layers[i].moe.w2.resize(cfg.n_experts);
+    }
+    for (int e = -1; e < cfg.n_experts; ++e) {  // -1: the shared expert
+        const std::string pre =
+            e < 0 ? pf + "shared_experts." : pf + "experts." + std::to_string(e) + ".";
+        for (int r = 0; r < C; ++r) {
+            // Slice r holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C), as in slice_experts.
+            const int64_t b = cfg.moe_dim * r / C, end = cfg.moe_dim * (r + 1) / C;
+            MoeWeights& m = ranks[r].layers[i].moe;
+            (e < 0 ? m.shared_w13 : m.w13[e]) = p.w13(pre, b, end);
+            (e < 0 ? m.shared_w2 : m.w2[e]) = p.w2(pre, b, end);
+        }
+    }
+}
+
+}  // namespace
+
+std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
+                                            const LoadOptions& opt, LoadStats* stats) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ModelConfig& cfg = ck.config();
+    CPFILL_CHECK(cp_size >= 1 && cfg.moe_dim >= cp_size,
+                 "cannot split moe_intermediate_size {} over {} ranks (expected 1 to {})",
+                 cfg.moe_dim, cp_size, cfg.moe_dim);
+    CPFILL_CHECK(opt.threads >= 0, "load threads {}: expected >= 0 (0: all hardware threads)",
+                 opt.threads);
+    LoadPlan plan(ck);
+    ModelWeights dense;
+    dense.cfg = cfg;
+    dense.embed = plan.whole("embed.weight");
+    dense.layers.resize(cfg.n_layers);
+    for (int i = 0; i < cfg.n_layers; ++i) plan_dense_layer(plan, cfg, i, dense.layers[i]);
+    dense.norm = plan.whole("norm.weight");
+    dense.head = plan.whole("head.weight");
+    dense.hc_head_fn = plan.whole("hc_head_fn");
+    dense.hc_head_base = plan.whole("hc_head_base");
+    dense.hc_head_scale = plan.whole("hc_head_scale");
+    std::vector<ModelWeights> ranks(cp_size, dense);  // dense tensors shared, not copied
+    for (int r = 0; r < cp_size; ++r) ranks[r].slice = {r, cp_size};
+    for (int i = 0; i < cfg.n_layers; ++i) plan_experts(plan, cfg, i, ranks);
+
+    const size_t stored = plan.run(opt.threads > 0 ? opt.threads : default_thread_count(),
+                                   opt.progress);
+    // tid2eid was written into `dense`'s layers: hand it to the ranks.
+    for (int i = 0; i < cfg.n_layers; ++i)
+        for (ModelWeights& w : ranks) w.layers[i].moe.tid2eid = dense.layers[i].moe.tid2eid;
+    if (stats) {
+        stats->stored_bytes = stored;
+        stats->f32_bytes = plan.f32_bytes();
+        stats->seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return ranks;
 }
 
 size_t ModelWeights::bytes() const {

@@ -1,6 +1,7 @@
 // DeepSeek-V4 weights as fp32 host tensors for the CPU backend, loaded from a Checkpoint by
 // canonical (official) names. Routed and shared experts may be loaded as a 1/parts slice of their
-// hidden width (rows of w1/w3, columns of w2) for the tensor-parallel MoE of design.md §4.
+// hidden width (rows of w1/w3, columns of w2) for the tensor-parallel MoE of design.md §4;
+// load_rank_weights reads all ranks' views at once, in parallel (docs/loading.md).
 #pragma once
 
 #include <vector>
@@ -73,7 +74,26 @@ struct ModelWeights {
     size_t bytes() const;  // fp32 bytes held
 };
 
+// Single-threaded: every tensor read whole, experts sliced after reading (the simple reference).
 ModelWeights load_weights(const Checkpoint& ckpt, ExpertSlice slice = {});
+
+struct LoadOptions {
+    int threads = 1;        // reader threads (0: all hardware threads)
+    bool progress = false;  // a progress line on stderr (drawn only on a terminal, after 1 s)
+};
+
+struct LoadStats {
+    size_t stored_bytes = 0;  // bytes of the stored tensors read (weights and block scales)
+    size_t f32_bytes = 0;     // fp32 bytes produced: dense tensors once, every rank's experts
+    double seconds = 0;       // wall clock of load_rank_weights
+};
+
+// Every rank's weights for a CP group of `cp_size` ranks, read straight from the checkpoint by a
+// pool of `opt.threads`: the dense (non-expert) tensors once, shared by all ranks; rank r's slice
+// {r, cp_size} of every routed and shared expert read directly (only the blocks it needs, never
+// the full expert). Bit-identical to slice_experts(load_weights(ck), {r, cp_size}).
+std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
+                                            const LoadOptions& opt, LoadStats* stats = nullptr);
 
 // A rank's view of fully loaded weights: the same (shared, not copied) attention and head tensors,
 // and slice `slice.part` of `slice.parts` of every routed and shared expert's hidden width.
