@@ -98,6 +98,15 @@ std::string_view trim_end(std::string_view s) {
     return s.substr(0, keep);
 }
 
+// Shortens a section for a neighbour's lstrip/rstrip. Like the reference, which compares strings,
+// an added token that loses characters this way is plain text from then on.
+void strip(Section& s, std::string_view shorter) {
+    if (shorter.size() == s.text.size()) return;
+    s.text = shorter;
+    s.added = -1;
+    s.stripped = true;
+}
+
 // One encode call's state: the text, its decoded code points, the output, and a cache of the
 // pieces already encoded (keyed by their bytes; the value is where their ids sit in `out`).
 struct Encoder {
@@ -204,14 +213,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
         for (size_t i = 0; i < sections.size(); ++i) {
             if (sections[i].added < 0) continue;
             const tokenizer::AddedToken& a = d.added[sections[i].added];
-            if (a.lstrip && i > 0) {
-                sections[i - 1].text = trim_end(sections[i - 1].text);
-                sections[i - 1].stripped = true;
-            }
-            if (a.rstrip && i + 1 < sections.size()) {
-                sections[i + 1].text = trim_start(sections[i + 1].text);
-                sections[i + 1].stripped = true;
-            }
+            if (a.lstrip && i > 0) strip(sections[i - 1], trim_end(sections[i - 1].text));
+            if (a.rstrip && i + 1 < sections.size())
+                strip(sections[i + 1], trim_start(sections[i + 1].text));
         }
     }
     std::vector<int32_t> out;

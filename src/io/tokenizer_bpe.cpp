@@ -3,8 +3,8 @@
 // kilobytes long) use a heap over a linked list, O(n log n).
 #include "io/tokenizer_bpe.h"
 
+#include <algorithm>
 #include <climits>
-#include <queue>
 
 #include "core/error.h"
 #include "io/tokenizer_unicode.h"
@@ -16,7 +16,8 @@ namespace {
 constexpr size_t kSmall = 64;
 
 uint64_t pair_key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
 }
 
 void append_utf8(std::string& out, uint32_t cp) {  // cp < 0x800 here
@@ -37,7 +38,8 @@ uint32_t byte_level_char(uint8_t b) {
         std::array<uint32_t, 256> t{};
         uint32_t next = 256;
         for (uint32_t c = 0; c < 256; ++c) {
-            const bool printable = (c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || c >= 0xae;
+            const bool printable =
+                (c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || c >= 0xae;
             t[c] = printable ? c : next++;
         }
         return t;
@@ -140,39 +142,42 @@ void BpeModel::encode_small(std::string_view bytes, std::vector<int32_t>& out) c
 
 void BpeModel::encode_large(std::string_view bytes, std::vector<int32_t>& out) const {
     const size_t n = bytes.size();
-    // Symbols in a doubly linked list; symbol k keeps its first byte's position k for ties.
-    std::vector<int32_t> ids(n), prev(n), next(n);
+    // Symbols in a doubly linked list; symbol k keeps its first byte's position k, which breaks
+    // ties between equal ranks. rank[k] is the rank of the pair symbol k currently starts
+    // (kNone when it has no right neighbour, no merge, or k was merged away). A heap entry
+    // (rank << 32 | k) is current exactly when rank[k] still holds that rank: a rank names one
+    // (left, right) pair of ids.
+    constexpr int32_t kNone = INT32_MAX;
+    std::vector<int32_t> ids(n), prev(n), next(n), rank(n, kNone);
     for (size_t k = 0; k < n; ++k) {
         ids[k] = byte_ids_[static_cast<uint8_t>(bytes[k])];
         prev[k] = static_cast<int32_t>(k) - 1;
         next[k] = k + 1 < n ? static_cast<int32_t>(k + 1) : -1;
     }
-    struct Candidate {
-        int32_t rank, left, left_id, right_id, result;
-        bool operator>(const Candidate& o) const {
-            return rank != o.rank ? rank > o.rank : left > o.left;
-        }
+    std::vector<uint64_t> heap;  // min-heap by (rank, position)
+    heap.reserve(2 * n);
+    const auto later = [](uint64_t a, uint64_t b) { return a > b; };
+    const auto rate = [&](int32_t k) {
+        const Slot* s = next[k] >= 0 ? find(ids[k], ids[next[k]]) : nullptr;
+        rank[k] = s ? s->rank : kNone;
+        if (!s) return;
+        heap.push_back((static_cast<uint64_t>(s->rank) << 32) | static_cast<uint32_t>(k));
+        std::push_heap(heap.begin(), heap.end(), later);
     };
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
-    const auto push = [&](int32_t left) {
-        const int32_t right = next[left];
-        if (right < 0) return;
-        if (const Slot* s = find(ids[left], ids[right]))
-            heap.push(Candidate{s->rank, left, ids[left], ids[right], s->result});
-    };
-    for (size_t k = 0; k + 1 < n; ++k) push(static_cast<int32_t>(k));
+    for (size_t k = 0; k + 1 < n; ++k) rate(static_cast<int32_t>(k));
     while (!heap.empty()) {
-        const Candidate c = heap.top();
-        heap.pop();
-        const int32_t right = next[c.left];
-        // Stale when either side has merged since (ids[] of a dead symbol is set to -1).
-        if (ids[c.left] != c.left_id || right < 0 || ids[right] != c.right_id) continue;
-        ids[c.left] = c.result;
-        ids[right] = -1;
-        next[c.left] = next[right];
-        if (next[right] >= 0) prev[next[right]] = c.left;
-        if (prev[c.left] >= 0) push(prev[c.left]);
-        push(c.left);
+        std::pop_heap(heap.begin(), heap.end(), later);
+        const uint64_t top = heap.back();
+        heap.pop_back();
+        const auto left = static_cast<int32_t>(top & 0xffffffff);
+        if (rank[left] != static_cast<int32_t>(top >> 32)) continue;  // stale
+        const int32_t right = next[left];
+        ids[left] = find(ids[left], ids[right])->result;
+        rank[right] = kNone;
+        next[left] = next[right];
+        if (next[right] >= 0) prev[next[right]] = left;
+        if (prev[left] >= 0) rate(prev[left]);
+        rate(left);
     }
     for (int32_t k = 0; k >= 0; k = next[k]) out.push_back(ids[k]);
 }

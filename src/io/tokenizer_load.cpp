@@ -101,14 +101,15 @@ void parse_tokens(const Obj& root, const Obj& model, TokenizerData& d) {
     const json& added = root.list("added_tokens");
     for (size_t i = 0; i < added.size(); ++i) {
         const Obj t(added[i], root.source(), indexed("added_tokens", i));
-        AddedToken a{t.str("content"), t.id("id"), t.flag("lstrip", false), t.flag("rstrip", false)};
+        AddedToken a{t.str("content"), t.id("id"), t.flag("lstrip", false),
+                     t.flag("rstrip", false)};
         if (a.content.empty()) t.fail("content", "an added token cannot be empty");
         size = std::max<int64_t>(size, int64_t{a.id} + 1);
         d.any_strip = d.any_strip || a.lstrip || a.rstrip;
         d.added.push_back(std::move(a));
     }
-    CPFILL_CHECK(size <= (int64_t{1} << 24), "tokenizer.json '{}': vocabulary of {} ids is too large",
-                 d.source, size);
+    CPFILL_CHECK(size <= (int64_t{1} << 24),
+                 "tokenizer.json '{}': vocabulary of {} ids is too large", d.source, size);
     d.id_token.assign(size, "");
     d.id_bytes.assign(size, "");
     d.id_state.assign(size, 0);
@@ -170,7 +171,8 @@ void parse_model(const Obj& model, TokenizerData& d) {
             left = m[0].get<std::string>();
             right = m[1].get<std::string>();
         } else {
-            model.fail(key, fmt::format("expected \"left right\" or [left, right], found {}", show(m)));
+            model.fail(key,
+                       fmt::format("expected \"left right\" or [left, right], found {}", show(m)));
         }
         table.push_back({vocab_id(d, model, key, left), vocab_id(d, model, key, right),
                          vocab_id(d, model, key, left + right)});
@@ -184,8 +186,8 @@ void parse_normalizer(const Obj& root) {
     const Obj norm(*n, root.source(), "normalizer");
     const std::string type = norm.str("type");
     if (type != "Sequence" || !norm.list("normalizers").empty())
-        root.fail("normalizer", fmt::format("{} is not supported (only none or an empty Sequence)",
-                                            show(*n)));
+        root.fail("normalizer",
+                  fmt::format("{} is not supported (only none or an empty Sequence)", show(*n)));
 }
 
 // One pre-tokenizer (recursing into Sequence) -> d.splits; `byte_level` is set by ByteLevel.
@@ -212,7 +214,8 @@ void parse_pre_tokenizer(const Obj& p, TokenizerData& d, bool& byte_level) {
                                               json(regex).dump(), known));
         }
         if (p.str("behavior") != "Isolated")
-            p.fail("behavior", fmt::format("'{}' is not supported (only Isolated)", p.str("behavior")));
+            p.fail("behavior",
+                   fmt::format("'{}' is not supported (only Isolated)", p.str("behavior")));
         p.only("invert", {false}, "inverted splits");
         d.splits.push_back(*split);
     } else if (type == "ByteLevel") {

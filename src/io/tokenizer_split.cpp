@@ -66,9 +66,8 @@ size_t match_words(const DecodedText& t, size_t i, size_t end) {
     const CharClass k0 = t.cls(i);
     // A: [ASCII punct][A-Za-z]+
     if (is_ascii_punct(c0)) {
-        const size_t n = run_length(t, i + 1, end, [](const DecodedText& s, size_t k) {
-            return is_ascii_letter(s.cp(k));
-        });
+        const size_t n = run_length(
+            t, i + 1, end, [](const DecodedText& s, size_t k) { return is_ascii_letter(s.cp(k)); });
         if (n > 0) return 1 + n;
     }
     // B: [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+ — with the optional lead first; if the letters do

@@ -25,7 +25,9 @@ class DecodedText {
     size_t size() const { return chars_.size(); }
     uint32_t cp(size_t i) const { return chars_[i] & 0xffffff; }
     CharClass cls(size_t i) const { return static_cast<CharClass>(chars_[i] >> 24); }
-    uint32_t offset(size_t i) const { return offsets_[i]; }  // byte offset; i == size() gives the end
+    uint32_t offset(size_t i) const {
+        return offsets_[i];
+    }  // byte offset; i == size() gives the end
 
   private:
     std::vector<uint32_t> chars_;    // [n] code point | CharClass << 24

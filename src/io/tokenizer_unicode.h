@@ -29,8 +29,8 @@ class CharClassTable {
 
     CharClass operator()(uint32_t cp) const {
         if (cp > 0x10ffff) return CharClass::kOther;
-        return static_cast<CharClass>(blocks_[(static_cast<uint32_t>(index_[cp >> kShift]) << kShift) |
-                                              (cp & kMask)]);
+        return static_cast<CharClass>(
+            blocks_[(static_cast<uint32_t>(index_[cp >> kShift]) << kShift) | (cp & kMask)]);
     }
 
   private:

