@@ -15,7 +15,7 @@ status=0
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1 || status=1
 if [ $status -eq 0 ]; then
-    cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || status=1
+    cmake --build build-gpu -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1 || status=1
 fi
 if [ $status -eq 0 ]; then
     ctest --test-dir build-gpu -L cuda --output-on-failure -j 1 >"$out/cuda-tests.log" 2>&1 || status=1

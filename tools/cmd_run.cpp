@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "engine/kv_export.h"
 #include "engine/prefill_engine.h"
@@ -11,6 +12,7 @@
 #include "runtime/device.h"
 #include "tools/commands.h"
 #include "tools/input_ids.h"
+#include "tools/prompt.h"
 
 namespace cpfill::tools {
 
@@ -18,6 +20,10 @@ namespace {
 
 struct RunArgs {
     std::string model;
+    std::string prompt;
+    std::string prompt_file;
+    std::string tokenizer;
+    bool no_bos = false;
     std::string input_ids;
     std::string input_ids_file;
     std::string device = "cpu";
@@ -86,13 +92,21 @@ int run(const RunArgs& a) {
             "--device cuda: the CUDA forward pass is not available yet (the CUDA ops are "
             "being built, see docs/status.md); use --device cpu");
     }
-    CPFILL_CHECK(a.input_ids.empty() != a.input_ids_file.empty(),
-                 "give exactly one of --input-ids or --input-ids-file");
+    const int given = !a.input_ids.empty() + !a.input_ids_file.empty() + !a.prompt.empty() +
+                      !a.prompt_file.empty();
+    CPFILL_CHECK(given == 1,
+                 "give exactly one of --prompt, --prompt-file, --input-ids or --input-ids-file");
     std::vector<std::vector<int32_t>> requests;
-    if (!a.input_ids.empty())
+    std::optional<Tokenizer> tok;
+    if (!a.prompt.empty() || !a.prompt_file.empty()) {
+        tok = load_tokenizer(a.tokenizer, a.model);
+        const std::string text = a.prompt.empty() ? read_text_file(a.prompt_file) : a.prompt;
+        requests.push_back(encode_prompt(*tok, text, !a.no_bos));
+    } else if (!a.input_ids.empty()) {
         requests.push_back(parse_id_list(a.input_ids, "--input-ids"));
-    else
+    } else {
         requests = read_input_ids_file(a.input_ids_file);
+    }
     EngineOptions eo;
     eo.threads = a.threads;
     eo.cp = a.cp;
@@ -108,9 +122,13 @@ int run(const RunArgs& a) {
         print_json(a, engine, r, requests);
         return 0;
     }
-    for (size_t i = 0; i < requests.size(); ++i)
-        fmt::print("request {}: {} tokens, first token {}\n", i, requests[i].size(),
-                   r.first_tokens[i]);
+    for (size_t i = 0; i < requests.size(); ++i) {
+        std::string text;
+        if (tok && r.first_tokens[i] < tok->vocab_size())
+            text = fmt::format(" \"{}\"", tok->decode({r.first_tokens[i]}));
+        fmt::print("request {}: {} tokens, first token {}{}\n", i, requests[i].size(),
+                   r.first_tokens[i], text);
+    }
     fmt::print(
         "load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, CPU fp32, CP={}, TBO {})\n",
         engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens, a.cp,
@@ -125,6 +143,12 @@ Runner add_run_command(CLI::App& app) {
     auto args = std::make_shared<RunArgs>();
     CLI::App* c = app.add_subcommand("run", "prefill prompts and print the first token");
     c->add_option("--model", args->model, "model folder (config.json + safetensors)")->required();
+    c->add_option("--prompt", args->prompt, "prompt text (tokenised with the DeepSeek tokenizer)");
+    c->add_option("--prompt-file", args->prompt_file, "a UTF-8 file holding one prompt");
+    c->add_option(
+        "--tokenizer", args->tokenizer,
+        "tokenizer.json (default: the model folder's, then scripts/fetch-tokenizer.sh's)");
+    c->add_flag("--no-bos", args->no_bos, "do not prepend <｜begin▁of▁sentence｜> to the prompt");
     c->add_option("--input-ids", args->input_ids, "token ids of one prompt: 1,2,3");
     c->add_option("--input-ids-file", args->input_ids_file,
                   "safetensors with input_ids [S] or [B, S], or text: one request per line");

@@ -1,8 +1,9 @@
-// PrefillEngine: checkpoint → fp32 weights → per-rank expert slices; runs with timing.
+// PrefillEngine: checkpoint → every rank's fp32 weights (parallel load); runs with timing.
 #include "engine/prefill_engine.h"
 
 #include <chrono>
 
+#include "core/parallel.h"
 #include "io/checkpoint.h"
 #include "model/batch.h"
 
@@ -25,14 +26,13 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "--cp {}: the experts' width moe_intermediate_size {} cannot be split over more "
                  "ranks than it has units (expected --cp <= {})",
                  options.cp, cfg.moe_dim, cfg.moe_dim);
-    full_ = load_weights(ckpt);
-    for (int r = 0; r < options.cp; ++r) ranks_.push_back(slice_experts(full_, {r, options.cp}));
-    if (options.cp > 1) {  // the ranks now hold the experts; drop the full copies
-        for (LayerWeights& L : full_.layers) {
-            L.moe.w13.clear();
-            L.moe.w2.clear();
-        }
-    }
+    cfg_ = cfg;
+    LoadOptions load;
+    load.threads = options.threads > 0 ? options.threads : default_thread_count();
+    load.progress = true;  // drawn only when stderr is a terminal and the load takes over 1 s
+    LoadStats stats;
+    ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
+    load_bytes_ = stats.stored_bytes;
     load_seconds_ = seconds_since(t0);
 }
 

@@ -34,10 +34,14 @@ struct RunResult {
 
 class PrefillEngine {
   public:
+    // Reads the checkpoint with options.threads threads, each rank's expert slices directly
+    // (model/weights.h load_rank_weights); a progress line on stderr when it is a terminal.
     PrefillEngine(const std::string& model_dir, const EngineOptions& options);
-    const ModelConfig& config() const { return full_.cfg; }
+    const ModelConfig& config() const { return cfg_; }
     int cp() const { return options_.cp; }
     double load_seconds() const { return load_seconds_; }
+    // Load throughput: bytes of the stored tensors read (weights and scales) / load_seconds().
+    double load_gbps() const { return load_seconds_ > 0 ? load_bytes_ * 1e-9 / load_seconds_ : 0; }
     // fp32 bytes each rank holds: attention and head replicated, experts 1/C.
     size_t rank_weight_bytes() const { return ranks_.back().bytes(); }
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
@@ -45,9 +49,10 @@ class PrefillEngine {
 
   private:
     EngineOptions options_;
-    ModelWeights full_;
-    std::vector<ModelWeights> ranks_;
+    ModelConfig cfg_;
+    std::vector<ModelWeights> ranks_;  // attention and head tensors shared, experts 1/C each
     double load_seconds_ = 0;
+    size_t load_bytes_ = 0;  // stored bytes read
 };
 
 // Index of the largest value (first one on ties).

@@ -68,8 +68,8 @@ class Checkpoint {
   private:
     struct Located;  // a resolved stored weight (see checkpoint.cpp)
     Located locate(const WeightSpec& spec) const;
-    void read_block(const WeightSpec& spec, const Located& loc, int64_t r0, int64_t r1,
-                    int64_t c0, int64_t c1, float* dst) const;
+    void read_block(const WeightSpec& spec, const Located& loc, int64_t r0, int64_t r1, int64_t c0,
+                    int64_t c1, float* dst) const;
 
     std::string dir_;
     ModelConfig cfg_;

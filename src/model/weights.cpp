@@ -239,10 +239,9 @@ class LoadPlan {
         for (int64_t d : spec.shape) numel *= d;
         const int64_t n = (r1 - r0) * (c1 - c0);
         const Checkpoint* ck = &ck_;
-        tasks_.push_back({[ck, name, r0, r1, c0, c1, dst] {
-                              ck->read_f32_block(name, r0, r1, c0, c1, dst);
-                          },
-                          stored_share(name, static_cast<double>(n) / numel)});
+        tasks_.push_back(
+            {[ck, name, r0, r1, c0, c1, dst] { ck->read_f32_block(name, r0, r1, c0, c1, dst); },
+             stored_share(name, static_cast<double>(n) / numel)});
         stored_bytes_ += tasks_.back().stored_bytes;
         f32_bytes_ += static_cast<size_t>(n) * 4;
     }
@@ -344,8 +343,8 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     for (int r = 0; r < cp_size; ++r) ranks[r].slice = {r, cp_size};
     for (int i = 0; i < cfg.n_layers; ++i) plan_experts(plan, cfg, i, ranks);
 
-    const size_t stored = plan.run(opt.threads > 0 ? opt.threads : default_thread_count(),
-                                   opt.progress);
+    const size_t stored =
+        plan.run(opt.threads > 0 ? opt.threads : default_thread_count(), opt.progress);
     // tid2eid was written into `dense`'s layers: hand it to the ranks.
     for (int i = 0; i < cfg.n_layers; ++i)
         for (ModelWeights& w : ranks) w.layers[i].moe.tid2eid = dense.layers[i].moe.tid2eid;

@@ -136,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpEquivalence, ::testing::ValuesIn(params()),
                          });
 
 TEST(Chunked, KvStoreEqualsOnePass) {
-    const Fixture& f = fixture(testing::golden_fixtures().front());
+    const std::string dir = testing::golden_fixtures().front();
+    const Fixture& f = fixture(dir);
     std::vector<const ModelWeights*> views = {&f.full};
     PrefillOptions opt;
     opt.threads = 2;
@@ -159,7 +160,8 @@ TEST(Chunked, KvStoreEqualsOnePass) {
 }
 
 TEST(CpFailure, AFailingRankStopsItsPeersWithItsError) {
-    const Fixture& f = fixture(testing::golden_fixtures().front());
+    const std::string dir = testing::golden_fixtures().front();
+    const Fixture& f = fixture(dir);
     std::vector<ModelWeights> ranks = {slice_experts(f.full, {0, 2}),
                                        slice_experts(f.full, {1, 2})};
     // Rank 1's hash table names an expert that does not exist: it fails inside the first MoE.

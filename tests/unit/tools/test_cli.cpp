@@ -145,6 +145,28 @@ TEST(Cli, UsageErrorExitsWithTwo) {
     EXPECT_EQ(run_cli("no-such-command").code, 2);
 }
 
+TEST(Cli, PromptTextIsTokenisedAndTheFirstTokenPrinted) {
+    // A small model with the real vocabulary, so DeepSeek's tokenizer ids fit.
+    TempDir tmp;
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kFixture + "/config.json"));
+    cfg["vocab_size"] = 129280;
+    std::ofstream(tmp.file("config.json")) << cfg.dump(2);
+    ASSERT_EQ(
+        run_cli("gen-model --config " + tmp.file("config.json") + " --out " + tmp.file("m")).code,
+        0);
+    Result r = run_cli("run --model " + tmp.file("m") + " --prompt 'Hello, world! 你好'");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("first token"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\""), std::string::npos) << r.out;  // decoded text in quotes
+    // BOS + the text's tokens; --no-bos drops the BOS.
+    EXPECT_NE(r.out.find("request 0: 7 tokens"), std::string::npos) << r.out;
+    Result nb = run_cli("run --model " + tmp.file("m") + " --no-bos --prompt 'Hello, world! 你好'");
+    EXPECT_NE(nb.out.find("request 0: 6 tokens"), std::string::npos) << nb.out;
+    // A model whose vocabulary is smaller than the tokenizer's: a clear error.
+    expect_clean_error(run_cli("run --model " + kFixture + " --prompt 'Hello, world'"),
+                       {"vocab_size 256"});
+}
+
 TEST(Cli, TruncatedFile) {
     TempDir tmp;
     copy_model(tmp);

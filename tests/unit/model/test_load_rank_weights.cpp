@@ -1,0 +1,198 @@
+// load_rank_weights (parallel, per-rank expert slices read directly) gives bit for bit what
+// slice_experts(load_weights(ck), {r, C}) gives, for random "tiny" checkpoints stored in f32,
+// bf16 and fp8 with fp4 experts, in the flat and the stacked (hf-module) naming, for C in
+// {1, 2, 3}; plus a tiny variant whose expert width (300) makes the slices cut through fp8 tiles,
+// fp4 scale blocks and packed bytes. Dense tensors are shared by the ranks, not copied.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cctype>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "../io/io_test_util.h"
+#include "io/checkpoint.h"
+#include "io/presets.h"
+#include "io/random_checkpoint.h"
+#include "model/weights.h"
+
+namespace cpfill {
+namespace {
+
+constexpr uint64_t kSeed = 11;
+
+struct Param {
+    std::string dtype, experts, names;
+    int64_t moe_dim;  // 0: the preset's
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+    const Param& p = info.param;
+    std::string n = fmt::format("{}_{}_{}_moe{}", p.dtype, p.experts, p.names, p.moe_dim);
+    for (char& c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    return n;
+}
+
+// One checkpoint per parameter, written once and kept for the whole run.
+struct Stored {
+    test::TempDir dir;
+    std::unique_ptr<Checkpoint> ck;
+    ModelWeights full;  // load_weights: the reference
+};
+
+const Stored& stored(const Param& p) {
+    static std::mutex mu;
+    static std::map<std::string, std::unique_ptr<Stored>> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    auto& s = cache[fmt::format("{}/{}/{}/{}", p.dtype, p.experts, p.names, p.moe_dim)];
+    if (!s) {
+        s = std::make_unique<Stored>();
+        ModelConfig cfg = preset_config("tiny");
+        if (p.moe_dim) cfg.moe_dim = p.moe_dim;
+        RandomCheckpointOptions o;
+        o.seed = kSeed;
+        o.dtype = p.dtype;
+        o.experts = p.experts;
+        o.names = p.names;
+        o.threads = 2;
+        write_random_checkpoint(cfg, s->dir.path().string(), o);
+        s->ck = std::make_unique<Checkpoint>(s->dir.path().string());
+        s->full = load_weights(*s->ck);
+    }
+    return *s;
+}
+
+// Every tensor of a rank's weights with a name, in a fixed order.
+std::vector<std::pair<std::string, const Tensor*>> tensors(const ModelWeights& w) {
+    std::vector<std::pair<std::string, const Tensor*>> out = {{"embed", &w.embed},
+                                                              {"head", &w.head},
+                                                              {"norm", &w.norm},
+                                                              {"hc_head_fn", &w.hc_head_fn},
+                                                              {"hc_head_base", &w.hc_head_base},
+                                                              {"hc_head_scale", &w.hc_head_scale}};
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+        const LayerWeights& L = w.layers[i];
+        const AttentionWeights& a = L.attn;
+        const MoeWeights& m = L.moe;
+        const std::vector<std::pair<const char*, const Tensor*>> named = {
+            {"hc_attn.fn", &L.hc_attn.fn},
+            {"hc_attn.base", &L.hc_attn.base},
+            {"hc_attn.scale", &L.hc_attn.scale},
+            {"hc_ffn.fn", &L.hc_ffn.fn},
+            {"hc_ffn.base", &L.hc_ffn.base},
+            {"hc_ffn.scale", &L.hc_ffn.scale},
+            {"attn_norm", &L.attn_norm},
+            {"ffn_norm", &L.ffn_norm},
+            {"wq_a", &a.wq_a},
+            {"q_norm", &a.q_norm},
+            {"wq_b", &a.wq_b},
+            {"wkv", &a.wkv},
+            {"kv_norm", &a.kv_norm},
+            {"wo_a", &a.wo_a},
+            {"wo_b", &a.wo_b},
+            {"sink", &a.sink},
+            {"compressor.wkv", &a.compressor.wkv},
+            {"compressor.wgate", &a.compressor.wgate},
+            {"compressor.ape", &a.compressor.ape},
+            {"compressor.norm", &a.compressor.norm},
+            {"idx_wq_b", &a.idx_wq_b},
+            {"idx_weights_proj", &a.idx_weights_proj},
+            {"idx_compressor.wkv", &a.idx_compressor.wkv},
+            {"idx_compressor.wgate", &a.idx_compressor.wgate},
+            {"idx_compressor.ape", &a.idx_compressor.ape},
+            {"idx_compressor.norm", &a.idx_compressor.norm},
+            {"gate", &m.gate},
+            {"gate_bias", &m.gate_bias},
+            {"tid2eid", &m.tid2eid},
+            {"shared_w13", &m.shared_w13},
+            {"shared_w2", &m.shared_w2}};
+        for (const auto& [n, t] : named) out.emplace_back(fmt::format("layers.{}.{}", i, n), t);
+        for (size_t e = 0; e < m.w13.size(); ++e) {
+            out.emplace_back(fmt::format("layers.{}.w13[{}]", i, e), &m.w13[e]);
+            out.emplace_back(fmt::format("layers.{}.w2[{}]", i, e), &m.w2[e]);
+        }
+    }
+    return out;
+}
+
+// Same dtype, shape and bytes; on a mismatch, the first differing element.
+void expect_identical(const Tensor& got, const Tensor& want, const std::string& what) {
+    ASSERT_EQ(got.raw() == nullptr, want.raw() == nullptr) << what << ": loaded in one only";
+    if (!got.raw()) return;  // absent in both (no compressor on a sliding layer, ...)
+    ASSERT_EQ(got.dtype(), want.dtype()) << what;
+    ASSERT_EQ(shape_str(got.shape()), shape_str(want.shape())) << what;
+    if (std::memcmp(got.raw(), want.raw(), got.nbytes()) == 0) return;
+    ASSERT_EQ(got.dtype(), DType::F32) << what << ": integer tensors differ";
+    for (int64_t i = 0; i < got.numel(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got.f32()[i]), std::bit_cast<uint32_t>(want.f32()[i]))
+            << what << " differs first at element " << i << ": " << got.f32()[i] << " vs "
+            << want.f32()[i];
+}
+
+class LoadRankWeights : public ::testing::TestWithParam<Param> {};
+
+TEST_P(LoadRankWeights, BitIdenticalToSlicedFullLoad) {
+    const Stored& s = stored(GetParam());
+    for (int C : {1, 2, 3}) {
+        for (int threads : {1, 2}) {
+            SCOPED_TRACE(fmt::format("seed {}, cp_size {}, {} threads", kSeed, C, threads));
+            LoadStats stats;
+            std::vector<ModelWeights> ranks = load_rank_weights(*s.ck, C, {threads, false}, &stats);
+            ASSERT_EQ(ranks.size(), static_cast<size_t>(C));
+            EXPECT_GT(stats.stored_bytes, 0u);
+            for (int r = 0; r < C; ++r) {
+                SCOPED_TRACE(fmt::format("rank {}", r));
+                const ModelWeights want = slice_experts(s.full, {r, C});
+                EXPECT_EQ(ranks[r].slice.part, r);
+                EXPECT_EQ(ranks[r].slice.parts, C);
+                EXPECT_EQ(ranks[r].bytes(), want.bytes());
+                const auto got_t = tensors(ranks[r]), want_t = tensors(want);
+                ASSERT_EQ(got_t.size(), want_t.size());
+                for (size_t i = 0; i < got_t.size(); ++i)
+                    expect_identical(*got_t[i].second, *want_t[i].second, got_t[i].first);
+            }
+            // Dense tensors are shared by all ranks; experts are each rank's own.
+            for (int r = 1; r < C; ++r) {
+                EXPECT_EQ(ranks[r].embed.raw(), ranks[0].embed.raw());
+                EXPECT_EQ(ranks[r].layers[1].attn.wq_b.raw(), ranks[0].layers[1].attn.wq_b.raw());
+                EXPECT_NE(ranks[r].layers[1].moe.w2[0].raw(), ranks[0].layers[1].moe.w2[0].raw());
+            }
+            // fp32 produced: the dense tensors once and every rank's experts.
+            size_t f32 = ranks[0].bytes();
+            for (int r = 1; r < C; ++r) {
+                for (const LayerWeights& L : ranks[r].layers) {
+                    f32 += L.moe.shared_w13.nbytes() + L.moe.shared_w2.nbytes();
+                    for (const Tensor& t : L.moe.w13) f32 += t.nbytes();
+                    for (const Tensor& t : L.moe.w2) f32 += t.nbytes();
+                }
+            }
+            // bytes() leaves out the small vectors (norms, biases, hc base/scale, ape, sink).
+            EXPECT_GE(stats.f32_bytes, f32);
+            EXPECT_LT(stats.f32_bytes, f32 + f32 / 20);
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, LoadRankWeights,
+    ::testing::Values(Param{"f32", "same", "hf", 0}, Param{"bf16", "same", "upstream", 0},
+                      Param{"fp8", "fp4", "upstream", 0}, Param{"fp8", "fp4", "hf-module", 0},
+                      Param{"fp8", "same", "hf-module", 300}, Param{"fp8", "fp4", "upstream", 300}),
+    param_name);
+
+TEST(LoadRankWeightsErrors, MoreRanksThanExpertUnits) {
+    const Stored& s = stored({"f32", "same", "hf", 0});
+    test::expect_error(
+        [&] {
+            load_rank_weights(*s.ck, 129, {1, false});
+        },
+        {"moe_intermediate_size 128", "129 ranks"});
+    test::expect_error([&] { load_rank_weights(*s.ck, 0, {1, false}); }, {"0 ranks"});
+}
+
+}  // namespace
+}  // namespace cpfill
