@@ -1,0 +1,46 @@
+// Shared-KV attention on the GPU (dsv4-architecture.md §3.4 steps 4–7, the semantics of
+// ops/attention.h): each query attends to its window keys and a list of compressed entries with
+// one fp32 softmax (design.md §3) whose denominator also holds the per-head sink. K = V. bf16 in,
+// bf16 out.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cpfill::ops::cuda {
+
+// Queries of one request against that request's KV store. Query i at position p = pos[i] uses:
+//   window keys  window[j] for j ∈ [max(0, p − window_size + 1), p];
+//   entries      entry_idx == nullptr: entries[0 … min((p + 1) / ratio, n_entries) − 1] (HCA, all
+//                eligible); otherwise the rows entry_idx[i, 0 … idx_stride) (CSA top-k), which
+//                must be eligible and have their −1 padding at the end; ratio 0 or
+//                n_entries 0: none (sliding layer).
+struct AttnArgs {
+    const __nv_bfloat16* q = nullptr;  // [n_q, n_heads, head_dim], RoPE applied
+    const int64_t* pos = nullptr;      // device [n_q], positions inside the request
+    int64_t n_q = 0;
+    int n_heads = 0;
+    int head_dim = 512;                     // only 512 (every DeepSeek-V4 model)
+    const __nv_bfloat16* window = nullptr;  // [≥ max(pos) + 1, head_dim], row = position
+    int window_size = 128;
+    const __nv_bfloat16* entries = nullptr;  // [n_entries, head_dim] compressed entries
+    int64_t n_entries = 0;
+    int ratio = 0;
+    const int32_t* entry_idx = nullptr;  // [n_q, idx_stride] or nullptr
+    int64_t idx_stride = 0;
+    const float* sinks = nullptr;  // fp32 [n_heads]
+    float scale = 0.0f;            // 1 / sqrt(head_dim)
+    __nv_bfloat16* out = nullptr;  // [n_q, n_heads, head_dim]
+};
+
+// One block per (query, group of 16 heads); keys stream through shared memory in tiles of 64 and
+// serve all 16 heads (MQA), logits and P·V on CUDA cores in fp32.
+void attention(const AttnArgs& a, cudaStream_t stream);
+
+// FLOPs the kernel spends (2 per multiply-add, logits and P·V) for queries at these host-side
+// positions, for rate reports.
+double attention_flops(const AttnArgs& a, const int64_t* host_pos, const int32_t* host_idx);
+
+}  // namespace cpfill::ops::cuda

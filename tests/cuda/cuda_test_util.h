@@ -1,0 +1,125 @@
+// Helpers of the CUDA-vs-CPU op tests: skip without a GPU, bf16-exact random inputs, uploads of
+// integer tensors, error reports (max abs/rel error, worst index, first (actual, expected) pairs)
+// and event timing for the "[ timing ]" lines some tests print (information, never pass/fail).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "runtime/cuda/buffer.h"
+#include "runtime/device.h"
+
+#define CPFILL_SKIP_WITHOUT_GPU()                              \
+    do {                                                       \
+        std::string why;                                       \
+        if (cuda_device_count(&why) == 0) GTEST_SKIP() << why; \
+    } while (0)
+
+namespace cpfill::test_cuda {
+
+// Normal(0, scale) values rounded to bf16, so host and device see the same numbers.
+inline std::vector<float> random_bf16(size_t n, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+    return v;
+}
+
+inline std::vector<float> random_f32(size_t n, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+}
+
+template <class T>
+cuda::DeviceBuffer upload(const std::vector<T>& v) {
+    cuda::DeviceBuffer b(v.size() * sizeof(T));
+    if (!v.empty())
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(b.as<void>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return b;
+}
+
+template <class T>
+std::vector<T> download(const cuda::DeviceBuffer& b, size_t n) {
+    std::vector<T> v(n);
+    if (n)
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(v.data(), b.as<void>(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// Max abs error, and that error relative to the largest |expected| (the tensor's scale).
+struct Diff {
+    double max_abs = 0, rel = 0;
+    size_t worst = 0;
+    std::string pairs;  // the worst and the first few (actual, expected) pairs
+
+    std::string str() const {
+        std::ostringstream s;
+        s << "max abs " << max_abs << ", rel " << rel << " at " << worst << "; " << pairs;
+        return s.str();
+    }
+};
+
+inline Diff diff(const std::vector<float>& actual, const std::vector<float>& expected) {
+    Diff d;
+    double scale = 0;
+    EXPECT_EQ(actual.size(), expected.size());
+    const size_t n = std::min(actual.size(), expected.size());
+    for (size_t i = 0; i < n; ++i) {
+        scale = std::max(scale, double(std::abs(expected[i])));
+        const double e = std::abs(double(actual[i]) - expected[i]);
+        if (!(e <= d.max_abs)) {  // NaN counts as worst
+            d.max_abs = e;
+            d.worst = i;
+        }
+    }
+    d.rel = scale > 0 ? d.max_abs / scale : d.max_abs;
+    std::ostringstream s;
+    if (n) s << "worst (" << actual[d.worst] << ", " << expected[d.worst] << "), first";
+    for (size_t i = 0; i < std::min<size_t>(n, 4); ++i)
+        s << " (" << actual[i] << ", " << expected[i] << ")";
+    d.pairs = s.str();
+    return d;
+}
+
+// Prints "[ error ] <test> <what>: rel …, abs …" so a run's log holds the errors, not just
+// pass/fail.
+inline Diff print_diff(const char* what, Diff d) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::printf("[ error ] %s.%s %s: rel %.2e, abs %.2e\n", info->test_suite_name(), info->name(),
+                what, d.rel, d.max_abs);
+    return d;
+}
+
+// Mean milliseconds of fn() over `reps` runs after one warm-up, on the legacy default stream.
+template <class F>
+double time_ms(F&& fn, int reps = 5) {
+    fn();
+    cudaEvent_t a, b;
+    CPFILL_CUDA_CHECK(cudaEventCreate(&a));
+    CPFILL_CUDA_CHECK(cudaEventCreate(&b));
+    CPFILL_CUDA_CHECK(cudaEventRecord(a, nullptr));
+    for (int i = 0; i < reps; ++i) fn();
+    CPFILL_CUDA_CHECK(cudaEventRecord(b, nullptr));
+    CPFILL_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CPFILL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms / reps;
+}
+
+}  // namespace cpfill::test_cuda
