@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: configure (Release, sm_90a), build, run the GPU tests (label cuda)
 # and the CPU suite, and leave logs under $OUT (or ./gpu-out). Usage: scripts/gpu-check.sh
+# The GPU machine has no network: carry .cache/tokenizer (device tool: carry [".cache/tokenizer"])
+# or the tokenizer tests fail there for want of tokenizer.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
