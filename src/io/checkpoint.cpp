@@ -6,6 +6,9 @@
 // dequantised by io/quant.
 #include "io/checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -79,6 +82,7 @@ struct Slab {
     DType dtype = DType::F32;
     const uint8_t* w = nullptr;  // row 0 of the slab
     int64_t cols = 0;
+    int64_t row_bytes = 0;       // stored bytes of a row
     const uint8_t* s = nullptr;  // scale [.., scols]: E8M0 bytes, or F32 powers of two (HF)
     DType sdtype = DType::F8_E8M0;
     int64_t scols = 0;
@@ -138,20 +142,35 @@ void read_fp8(const Slab& sl, int64_t r0, int64_t r1, int64_t c0, int64_t c1, fl
 }
 
 // fp4: W[r, c] = e2m1(nibble c of row r; element 2j low, 2j+1 high) · scale[r, c / 32].
+// Blocks start at even columns, so inside a block whole bytes are decoded, two elements each.
 void read_fp4(const Slab& sl, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* dst) {
     const float* lut = code_tables().e2m1;
     for (int64_t r = r0; r < r1; ++r, dst += c1 - c0) {
         const uint8_t* q = sl.w + r * (sl.cols / 2);
+        float* out = dst - c0;  // out[c] is element c of the row
         const int64_t srow = r * sl.scols;
         for (int64_t c = c0; c < c1;) {
             const int64_t block = c / kFp4Block, end = std::min(c1, (block + 1) * kFp4Block);
             const float sc = sl.scale(srow + block);
-            for (; c < end; ++c) {
+            if (c & 1) out[c] = lut[q[c >> 1] >> 4] * sc, ++c;  // a rectangle's odd first column
+            for (; c + 1 < end; c += 2) {
                 const uint8_t byte = q[c >> 1];
-                dst[c - c0] = lut[(c & 1) ? (byte >> 4) : (byte & 0xf)] * sc;
+                out[c] = lut[byte & 0xf] * sc;
+                out[c + 1] = lut[byte >> 4] * sc;
             }
+            if (c < end) out[c] = lut[q[c >> 1] & 0xf] * sc, ++c;  // an odd last column
         }
     }
+}
+
+// Advice on a range of a mapping (page-aligned outward). MADV_WILLNEED starts reading it from disk
+// in large requests and returns; MADV_POPULATE_READ (Linux 5.14+) maps it all in one call instead
+// of a page fault per 16 pages. Advice only: failures (older kernels) change nothing.
+void advise(const uint8_t* p, size_t n, int advice) {
+    if (n == 0) return;
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    ::madvise(reinterpret_cast<void*>(b), reinterpret_cast<uintptr_t>(p) + n - b, advice);
 }
 
 // A weight seen as 2-D: [shape[0], product of the other dimensions] (1-D: one column).
@@ -159,6 +178,28 @@ std::pair<int64_t, int64_t> dims_2d(const Shape& shape) {
     int64_t cols = 1;
     for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
     return {shape.empty() ? 1 : shape[0], cols};
+}
+
+// The stored slab [rows, cols] of weight `w` (expert `expert` of a stacked one, or -1) and its
+// scales `s` (undefined when not block-quantised).
+Slab make_slab(Format fmt, int64_t cols, const Tensor& w, const Tensor& s, int expert,
+               const std::string& scale_name) {
+    Slab sl;
+    sl.fmt = fmt;
+    sl.dtype = w.dtype();
+    sl.cols = cols;
+    sl.w = static_cast<const uint8_t*>(w.raw());
+    if (expert >= 0) sl.w += w.nbytes() / static_cast<size_t>(w.dim(0)) * expert;
+    sl.row_bytes =
+        fmt == Format::Fp4 ? cols / 2 : cols * static_cast<int64_t>(dtype_size(w.dtype()));
+    if (s.raw()) {
+        sl.s = static_cast<const uint8_t*>(s.raw());
+        if (expert >= 0) sl.s += s.nbytes() / static_cast<size_t>(s.dim(0)) * expert;
+        sl.sdtype = s.dtype();
+        sl.scols = s.dim(s.ndim() - 1);
+        sl.scale_name = &scale_name;
+    }
+    return sl;
 }
 
 }  // namespace
@@ -267,24 +308,15 @@ Checkpoint::Located Checkpoint::locate(const WeightSpec& spec) const {
 void Checkpoint::read_block(const WeightSpec& spec, const Located& loc, int64_t r0, int64_t r1,
                             int64_t c0, int64_t c1, float* dst) const {
     if (r0 == r1 || c0 == c1) return;
-    const Tensor w = files_->get(loc.name);  // a view of the mapping (stacked: [E, ...])
-    Slab sl;
-    sl.fmt = loc.fmt;
-    sl.dtype = w.dtype();
-    sl.cols = dims_2d(spec.shape).second;
-    sl.w = static_cast<const uint8_t*>(w.raw());
-    if (loc.expert >= 0) sl.w += w.nbytes() / static_cast<size_t>(w.dim(0)) * loc.expert;
-    Tensor s;
-    if (!loc.scale.empty()) {
-        s = files_->get(loc.scale);
-        sl.s = static_cast<const uint8_t*>(s.raw());
-        if (loc.expert >= 0) sl.s += s.nbytes() / static_cast<size_t>(s.dim(0)) * loc.expert;
-        sl.sdtype = s.dtype();
-        sl.scols = s.dim(s.ndim() - 1);
-        sl.scale_name = &loc.scale;
-    }
+    const Tensor w = files_->get(loc.name);  // views of the mapping (stacked: [E, ...])
+    const Tensor s = loc.scale.empty() ? Tensor() : files_->get(loc.scale);
+    const Slab sl = make_slab(loc.fmt, dims_2d(spec.shape).second, w, s, loc.expert, loc.scale);
     // Rows inside the slab: the w3 half of a stacked gate_up_proj starts at row_off.
     const int64_t a = loc.row_off + r0, b = loc.row_off + r1;
+#ifdef MADV_POPULATE_READ
+    advise(sl.w + a * sl.row_bytes, static_cast<size_t>((b - a) * sl.row_bytes),
+           MADV_POPULATE_READ);
+#endif
     switch (loc.fmt) {
         case Format::Float:
             return read_float(sl, a, b, c0, c1, dst);
@@ -296,6 +328,23 @@ void Checkpoint::read_block(const WeightSpec& spec, const Located& loc, int64_t 
             break;
     }
     CPFILL_FAIL("tensor {} holds integers: use get_i64", spec.name);
+}
+
+void Checkpoint::prefetch(const std::string& canonical, int64_t r0, int64_t r1) const {
+    const WeightSpec& spec = specs_.at(canonical);
+    const Located loc = locate(spec);
+    if (loc.fmt == Format::Int || r0 >= r1) return;
+    const Tensor w = files_->get(loc.name);
+    const Tensor s = loc.scale.empty() ? Tensor() : files_->get(loc.scale);
+    const Slab sl = make_slab(loc.fmt, dims_2d(spec.shape).second, w, s, loc.expert, loc.scale);
+    const int64_t a = loc.row_off + r0, b = loc.row_off + r1;
+    advise(sl.w + a * sl.row_bytes, static_cast<size_t>((b - a) * sl.row_bytes), MADV_WILLNEED);
+    if (!sl.s) return;
+    // Scale rows: one per row (fp4) or per 128 rows (fp8).
+    const int64_t per = loc.fmt == Format::Fp8 ? kFp8Block : 1;
+    const int64_t s0 = a / per, s1 = ceil_div(b, per);
+    const int64_t srow_bytes = sl.scols * static_cast<int64_t>(dtype_size(sl.sdtype));
+    advise(sl.s + s0 * srow_bytes, static_cast<size_t>((s1 - s0) * srow_bytes), MADV_WILLNEED);
 }
 
 void Checkpoint::read_f32_block(const std::string& canonical, int64_t r0, int64_t r1, int64_t c0,

@@ -59,6 +59,11 @@ class Checkpoint {
     // An integer table (tid2eid) as I64; accepts I64 or I32 storage; values checked in [0, E).
     Tensor get_i64(const std::string& canonical) const;
 
+    // Asks the OS to start reading the stored rows [r0, r1) of a weight from disk (the whole
+    // row range, whatever columns will be read) and returns at once: a loader calls it for the
+    // reads it will do next so that the disk works while it dequantises.
+    void prefetch(const std::string& canonical, int64_t r0, int64_t r1) const;
+
     // Checks that every weight of the config is present with the right shape and a usable dtype
     // (reads headers only). Throws on the first problem.
     void validate() const;

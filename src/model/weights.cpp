@@ -4,11 +4,13 @@
 // preallocated tensors run by a thread pool (docs/loading.md).
 #include "model/weights.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <functional>
+#include <mutex>
 
 #include "core/parallel.h"
 #include "io/checkpoint.h"
@@ -162,6 +164,20 @@ ModelWeights slice_experts(const ModelWeights& full, ExpertSlice slice) {
 
 namespace {
 
+// Asks for transparent huge pages behind a fresh output buffer (its 2 MiB-aligned interior):
+// first-touch page faults, which otherwise cost more than the dequantisation, drop 512-fold.
+// Advice only: without THP (or on other systems) nothing changes.
+Tensor empty_f32(Shape shape) {
+    Tensor t = Tensor::empty(DType::F32, std::move(shape));
+#ifdef MADV_HUGEPAGE
+    constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+    const auto p = reinterpret_cast<uintptr_t>(t.raw());
+    const uintptr_t b = (p + kHuge - 1) & ~(kHuge - 1), e = (p + t.nbytes()) & ~(kHuge - 1);
+    if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+#endif
+    return t;
+}
+
 // All reads of a load as tasks: a block of a weight dequantised into preallocated memory, cut so
 // that no task is much larger than kChunkBytes of fp32 (the pool balances them dynamically).
 class LoadPlan {
@@ -170,7 +186,7 @@ class LoadPlan {
 
     Tensor whole(const std::string& name) {  // f32 with the weight's logical shape
         const Shape& shape = ck_.specs().at(name).shape;
-        Tensor t = Tensor::empty(DType::F32, shape);
+        Tensor t = empty_f32(shape);
         const int64_t rows = shape[0], cols = rows ? t.numel() / rows : 0;
         const int64_t step = std::max<int64_t>(1, kChunkBytes / (4 * std::max<int64_t>(cols, 1)));
         for (int64_t r = 0; r < rows; r += step)
@@ -180,7 +196,7 @@ class LoadPlan {
     // [w1 rows [b, e); w3 rows [b, e)]: f32 [2 (e - b), d_model].
     Tensor w13(const std::string& prefix, int64_t b, int64_t e) {
         const int64_t n = e - b, d = ck_.specs().at(prefix + "w1.weight").shape[1];
-        Tensor t = Tensor::empty(DType::F32, {2 * n, d});
+        Tensor t = empty_f32({2 * n, d});
         block(prefix + "w1.weight", b, e, 0, d, t.f32());
         block(prefix + "w3.weight", b, e, 0, d, t.f32() + n * d);
         return t;
@@ -188,27 +204,31 @@ class LoadPlan {
     // w2 columns [b, e): f32 [d_model, e - b].
     Tensor w2(const std::string& prefix, int64_t b, int64_t e) {
         const int64_t d = ck_.specs().at(prefix + "w2.weight").shape[0];
-        Tensor t = Tensor::empty(DType::F32, {d, e - b});
+        Tensor t = empty_f32({d, e - b});
         block(prefix + "w2.weight", 0, d, b, e, t.f32());
         return t;
     }
     void integers(const std::string& name, Tensor* out) {
-        tasks_.push_back({[this, name, out] { *out = ck_.get_i64(name); }, stored_share(name, 1)});
+        tasks_.push_back({name, 0, 0, 0, 0, nullptr, out, stored_share(name, 1)});
         stored_bytes_ += tasks_.back().stored_bytes;
     }
 
-    // Runs every task on `threads` threads; returns the stored bytes read.
+    // Runs every task on `threads` threads, the disk reading ahead of them; returns the stored
+    // bytes read.
     size_t run(int threads, bool progress) {
         Progress bar("loading", stored_bytes_, progress);
+        end_bytes_.resize(tasks_.size());
+        for (size_t i = 0, sum = 0; i < tasks_.size(); ++i)
+            end_bytes_[i] = sum += tasks_[i].stored_bytes;
+        ahead_ = kPrefetchBytesPerThread * static_cast<size_t>(threads);
         std::atomic<size_t> next{0};
         std::atomic<bool> failed{false};
         ThreadPool pool(threads);
         pool.parallel_for(pool.size(), [&](int64_t, int64_t) {
-            while (!failed) {
-                const size_t i = next++;
-                if (i >= tasks_.size()) return;
+            for (size_t i = next++; i < tasks_.size() && !failed; i = next++) {
                 try {
-                    tasks_[i].run();
+                    prefetch_for(i);
+                    run_task(tasks_[i]);
                 } catch (...) {
                     failed = true;  // the others stop at their next task; the pool rethrows
                     throw;
@@ -221,13 +241,36 @@ class LoadPlan {
     size_t f32_bytes() const { return f32_bytes_; }
 
   private:
-    static constexpr int64_t kChunkBytes = int64_t{32} << 20;
+    static constexpr int64_t kChunkBytes = int64_t{32} << 20;            // fp32 per task
+    static constexpr size_t kPrefetchBytesPerThread = size_t{64} << 20;  // stored, ahead
 
+    // Rows [r0, r1) × columns [c0, c1) of weight `name` into dst, or the integer table into
+    // i64_out.
     struct Task {
-        std::function<void()> run;
+        std::string name;
+        int64_t r0, r1, c0, c1;
+        float* dst;
+        Tensor* i64_out;
         size_t stored_bytes;  // this task's share of the weight's stored bytes
     };
 
+    // Before task i runs: asks the OS to read the stored bytes of task i and of the tasks after it
+    // up to ahead_ bytes further (once each), so that the disk works while threads dequantise.
+    void prefetch_for(size_t i) {
+        std::lock_guard<std::mutex> lock(prefetch_mu_);
+        for (; prefetched_ < tasks_.size() &&
+               (prefetched_ <= i || end_bytes_[prefetched_] <= end_bytes_[i] + ahead_);
+             ++prefetched_) {
+            const Task& t = tasks_[prefetched_];
+            if (!t.i64_out) ck_.prefetch(t.name, t.r0, t.r1);
+        }
+    }
+    void run_task(const Task& t) const {
+        if (t.i64_out)
+            *t.i64_out = ck_.get_i64(t.name);
+        else
+            ck_.read_f32_block(t.name, t.r0, t.r1, t.c0, t.c1, t.dst);
+    }
     // The share `fraction` of `name`'s stored bytes (fp8 tiles touched twice count once).
     size_t stored_share(const std::string& name, double fraction) const {
         return static_cast<size_t>(static_cast<double>(ck_.stored(name).bytes) * fraction);
@@ -238,10 +281,8 @@ class LoadPlan {
         int64_t numel = 1;
         for (int64_t d : spec.shape) numel *= d;
         const int64_t n = (r1 - r0) * (c1 - c0);
-        const Checkpoint* ck = &ck_;
-        tasks_.push_back(
-            {[ck, name, r0, r1, c0, c1, dst] { ck->read_f32_block(name, r0, r1, c0, c1, dst); },
-             stored_share(name, static_cast<double>(n) / numel)});
+        tasks_.push_back({name, r0, r1, c0, c1, dst, nullptr,
+                          stored_share(name, static_cast<double>(n) / numel)});
         stored_bytes_ += tasks_.back().stored_bytes;
         f32_bytes_ += static_cast<size_t>(n) * 4;
     }
@@ -249,6 +290,11 @@ class LoadPlan {
     const Checkpoint& ck_;
     std::vector<Task> tasks_;
     size_t stored_bytes_ = 0, f32_bytes_ = 0;
+    // Read-ahead state of run().
+    std::vector<size_t> end_bytes_;  // stored bytes of tasks [0, i]
+    size_t ahead_ = 0;
+    std::mutex prefetch_mu_;
+    size_t prefetched_ = 0;  // tasks [0, prefetched_) have been prefetched (under prefetch_mu_)
 };
 
 CompressorWeights plan_compressor(LoadPlan& p, const std::string& pre) {

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "io/checkpoint.h"
 #include "io/presets.h"
 #include "io/random_checkpoint.h"
+#include "io/safetensors.h"
 #include "model/weights.h"
 
 namespace cpfill {
@@ -192,6 +194,29 @@ TEST(LoadRankWeightsErrors, MoreRanksThanExpertUnits) {
         },
         {"moe_intermediate_size 128", "129 ranks"});
     test::expect_error([&] { load_rank_weights(*s.ck, 0, {1, false}); }, {"0 ranks"});
+}
+
+TEST(LoadRankWeightsErrors, MissingExpertTensorIsNamed) {
+    test::TempDir dir;
+    RandomCheckpointOptions o;
+    o.names = "upstream";
+    o.threads = 2;
+    write_random_checkpoint(preset_config("tiny"), dir.path().string(), o);
+    std::vector<std::pair<std::string, Tensor>> kept;
+    {
+        SafetensorsSet set(dir.path().string());
+        for (const std::string& n : set.names())
+            if (n != "layers.2.ffn.experts.5.w2.weight") kept.emplace_back(n, set.get(n).clone());
+    }
+    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+        if (e.path().extension() == ".safetensors") std::filesystem::remove(e.path());
+    write_safetensors(dir.file("model.safetensors"), kept);
+    Checkpoint ck(dir.path().string());
+    test::expect_error(
+        [&] {
+            load_rank_weights(ck, 2, {2, false});
+        },
+        {"layers.2.ffn.experts.5.w2.weight", "missing"});
 }
 
 }  // namespace
