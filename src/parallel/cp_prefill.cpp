@@ -38,16 +38,10 @@ struct Sub {
     AttnScratch attn;
 };
 
-// What rank 0 assembles for the caller.
-struct Collector {
-    PrefillOutput* out = nullptr;
-    int64_t total_tokens = 0;
-};
-
 class RankRunner {
   public:
     RankRunner(RankContext& ctx, const ModelWeights& w, const PrefillOptions& opt, ThreadPool& pool,
-               int n_requests, Collector* collect)
+               int n_requests, PrefillOutput* collect)
         : ctx_(ctx),
           w_(w),
           cfg_(w.cfg),
@@ -78,7 +72,7 @@ class RankRunner {
     ThreadPool& pool_;
     RopeTables ropes_;
     KvStore store_;
-    Collector* collect_;
+    PrefillOutput* collect_;  // rank 0 only: where logits and records go
     std::unique_ptr<SplitCollectives> coll_;
 };
 
@@ -119,7 +113,7 @@ void RankRunner::record_hidden(Sub& s, int index) {
     const int64_t width = cfg_.hc * cfg_.d_model;
     const float* g = gather_rows(s, s.h.data(), width);
     if (!collect_) return;
-    Tensor& t = collect_->out->hidden[index];
+    Tensor& t = collect_->hidden[index];
     std::memcpy(t.f32() + s.row_offset * width, g, s.layout.n_tokens * width * sizeof(float));
 }
 
@@ -157,7 +151,7 @@ void RankRunner::stage_x(Sub& s, int li) {
         std::vector<float> as_float(topk.begin(), topk.end());
         const float* gt = gather_rows(s, as_float.data(), cfg_.index_topk);
         if (collect_) {
-            int32_t* dst = collect_->out->topk[li].data<int32_t>() + s.row_offset * cfg_.index_topk;
+            int32_t* dst = collect_->topk[li].data<int32_t>() + s.row_offset * cfg_.index_topk;
             for (int64_t i = 0; i < s.layout.n_tokens * cfg_.index_topk; ++i)
                 dst[i] = static_cast<int32_t>(gt[i]);
         }
@@ -197,7 +191,7 @@ void RankRunner::head(Sub& s, const std::vector<std::vector<int32_t>>& requests)
     ops::rmsnorm(z.data(), n, D, w_.norm.f32(), float(cfg_.norm_eps), z.data());
     const float* zg = gather_rows(s, z.data(), D);  // [T, D] in batch order
     if (!collect_) return;
-    PrefillOutput& out = *collect_->out;
+    PrefillOutput& out = *collect_;
     if (opt_.record_hidden)
         std::memcpy(out.hidden.back().f32() + s.row_offset * D, zg,
                     s.layout.n_tokens * D * sizeof(float));
@@ -283,7 +277,6 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
     const int total_threads = opt.threads > 0 ? opt.threads : default_thread_count();
     std::mutex err_mu;
     std::exception_ptr first_error;
-    Collector collector{&out, total};
     std::vector<std::thread> threads;
     // dup() is collective: every rank calls it before starting, in rank threads.
     for (int r = 0; r < C; ++r) {
@@ -296,7 +289,7 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
                                 &compute, &comm, opt.comm.deadline};
                 ThreadPool pool(std::max(1, total_threads / C));
                 RankRunner runner(ctx, *rank_weights[r], opt, pool,
-                                  static_cast<int>(requests.size()), r == 0 ? &collector : nullptr);
+                                  static_cast<int>(requests.size()), r == 0 ? &out : nullptr);
                 int64_t offset = 0;
                 for (size_t c = 0; c < chunks.size(); ++c) {
                     runner.run_batch(chunks[c], offset, tbo[c], requests);
