@@ -12,6 +12,7 @@
 #include "runtime/device.h"
 #include "tools/commands.h"
 #include "tools/input_ids.h"
+#include "tools/mpi_session.h"
 #include "tools/prompt.h"
 
 namespace cpfill::tools {
@@ -50,7 +51,7 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     for (size_t i = 0; i < requests.size(); ++i)
         j["requests"].push_back(
             {{"tokens", requests[i].size()}, {"first_token", r.first_tokens[i]}});
-    j["device"] = "cpu";
+    j["device"] = a.device;
     j["cp"] = a.cp;
     j["tbo"] = r.out.tbo_used;
     j["chunk"] = a.chunk;
@@ -60,6 +61,18 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
                     {"tokens_per_s", r.n_tokens / r.prefill_seconds}};
     j["memory"] = {{"rank_weight_bytes", engine.rank_weight_bytes()},
                    {"peak_rss_bytes", peak_rss_bytes()}};
+    if (a.device == "cuda") {
+        const GpuPhases& p = r.gpu.phases;
+        j["gpu"] = {{"peak_bytes_per_gpu", r.gpu.peak_bytes},
+                    {"weight_bytes_per_gpu", r.gpu.weight_bytes},
+                    {"phases_s",
+                     {{"attention", p.attention},
+                      {"indexer", p.indexer},
+                      {"compressor", p.compressor},
+                      {"moe", p.moe},
+                      {"collectives", p.collectives},
+                      {"other", p.other}}}};
+    }
     if (!a.logits_out.empty()) j["logits_out"] = a.logits_out;
     if (!a.kv_out.empty()) j["kv_out"] = a.kv_out;
     fmt::print("{}\n", j.dump());
@@ -83,15 +96,35 @@ void write_logits(const std::string& path, const RunResult& r, bool all_logits) 
                       {{"format", "cpfill-logits"}, {"positions", all_logits ? "all" : "last"}});
 }
 
+int run_checked(const RunArgs& a, const MpiSession& mpi);
+
 int run(const RunArgs& a) {
     CPFILL_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda",
                  a.device);
-    if (a.device == "cuda") {
-        require_cuda_device();  // names why there is no usable GPU
-        CPFILL_FAIL(
-            "--device cuda: the CUDA forward pass is not available yet (the CUDA ops are "
-            "being built, see docs/status.md); use --device cpu");
+    if (a.device == "cuda") require_cuda_device();  // names why there is no usable GPU
+    MpiSession mpi;
+    if (!mpi.active()) return run_checked(a, mpi);
+    // Under mpirun a failed rank stops the whole job, so that no peer waits in NCCL for it.
+    try {
+        return run_checked(a, mpi);
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "error: rank {}: {}\n", mpi.rank(), e.what());
+        std::fflush(stderr);
+        mpi.abort(1);
     }
+}
+
+int run_checked(const RunArgs& a, const MpiSession& mpi) {
+    if (mpi.active()) {
+        CPFILL_CHECK(a.device == "cuda", "mpirun starts one process per GPU: add --device cuda");
+        CPFILL_CHECK(a.cp == mpi.size(),
+                     "--cp {} but mpirun started {} processes (one per GPU rank): expected --cp {}",
+                     a.cp, mpi.size(), mpi.size());
+    }
+    if (a.device == "cuda")
+        CPFILL_CHECK(a.kv_out.empty(),
+                     "--kv-out: exporting the KV state is not available on the CUDA backend yet "
+                     "(docs/status.md)");
     const int given = !a.input_ids.empty() + !a.input_ids_file.empty() + !a.prompt.empty() +
                       !a.prompt_file.empty();
     CPFILL_CHECK(given == 1,
@@ -110,12 +143,19 @@ int run(const RunArgs& a) {
     EngineOptions eo;
     eo.threads = a.threads;
     eo.cp = a.cp;
+    eo.cuda = a.device == "cuda";
+    if (mpi.active()) {
+        eo.gpu.local_ranks = {mpi.rank()};
+        eo.gpu.devices = {mpi.local_rank()};
+        eo.gpu.nccl_id = mpi.broadcast(mpi.rank() == 0 ? GpuGroup::new_nccl_id() : NcclId{});
+    }
     PrefillEngine engine(a.model, eo);
     RunOptions opt;
     opt.all_logits = a.all_logits;
     opt.tbo = parse_tbo(a.tbo);
     opt.chunk = a.chunk;
     RunResult r = engine.run(requests, opt);
+    if (mpi.rank() != 0) return 0;  // rank 0 holds the logits and prints
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
     if (!a.kv_out.empty()) write_kv_state(a.kv_out, r.out.kv, engine.config());
     if (a.json) {
@@ -130,10 +170,9 @@ int run(const RunArgs& a) {
                    r.first_tokens[i], text);
     }
     fmt::print(
-        "load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, CPU fp32, CP={}, TBO {})\n",
-        engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens, a.cp,
-        r.out.tbo_used ? "on" : "off");
-    if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
+        "load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO {})\n",
+        engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
+        a.device == "cuda" ? "CUDA bf16" : "CPU fp32", a.cp, r.out.tbo_used ? "on" : "off");
     return 0;
 }
 
@@ -152,7 +191,8 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--input-ids", args->input_ids, "token ids of one prompt: 1,2,3");
     c->add_option("--input-ids-file", args->input_ids_file,
                   "safetensors with input_ids [S] or [B, S], or text: one request per line");
-    c->add_option("--device", args->device, "cpu (cuda comes with the CUDA backend)");
+    c->add_option("--device", args->device,
+                  "cpu, or cuda (one GPU per CP rank; under mpirun one process per GPU)");
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");
     c->add_flag("--all-logits", args->all_logits, "logits of every position, not only the last");

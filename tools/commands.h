@@ -13,5 +13,6 @@ Runner add_run_command(CLI::App& app);
 Runner add_gen_model_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
 Runner add_demo_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace cpfill::tools

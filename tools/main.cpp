@@ -12,8 +12,8 @@ int main(int argc, char** argv) {
     CLI::App app{"cpfill: context-parallel prefill for DeepSeek-V4 models"};
     app.require_subcommand(1);
     std::map<CLI::App*, Runner> runners;
-    for (auto add :
-         {add_run_command, add_gen_model_command, add_inspect_command, add_demo_command}) {
+    for (auto add : {add_run_command, add_gen_model_command, add_inspect_command, add_demo_command,
+                     add_bench_command}) {
         Runner r = add(app);
         runners[app.get_subcommands({}).back()] = r;
     }

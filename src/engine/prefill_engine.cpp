@@ -33,12 +33,24 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     LoadStats stats;
     ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
     load_bytes_ = stats.stored_bytes;
+    rank_bytes_ = ranks_.back().bytes();
+    if (options.cuda) {
+        GpuGroupOptions go = options.gpu;
+        go.cp = options.cp;
+        gpu_ = std::make_unique<GpuGroup>(go);
+        // Each local rank uploads its own view; the host copies are dropped afterwards.
+        std::vector<const ModelWeights*> views;
+        for (int r : gpu_->local_ranks()) views.push_back(&ranks_[r]);
+        gpu_->load(views);
+        ranks_.clear();
+    }
     load_seconds_ = seconds_since(t0);
 }
 
 RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
                              const RunOptions& opt) {
     validate_requests(requests, config().vocab_size);
+    if (gpu_) return run_gpu(requests, opt);
     PrefillOptions p;
     p.cp = options_.cp;
     p.tbo = opt.tbo;
@@ -53,6 +65,30 @@ RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
     auto t0 = std::chrono::steady_clock::now();
     RunResult r;
     r.out = cp_prefill(views, requests, p);
+    r.prefill_seconds = seconds_since(t0);
+    r.n_tokens = r.out.n_tokens;
+    const int64_t V = config().vocab_size;
+    for (const Tensor& l : r.out.logits) {
+        const float* last = l.f32() + (l.ndim() == 2 ? (l.dim(0) - 1) * V : 0);
+        r.first_tokens.push_back(argmax(last, V));
+    }
+    return r;
+}
+
+RunResult PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& requests,
+                                 const RunOptions& opt) {
+    CPFILL_CHECK(opt.chunk == 0, "--chunk {}: chunked prefill is not available on the CUDA backend "
+                 "yet (docs/status.md); leave --chunk out",
+                 opt.chunk);
+    GpuRunOptions g;
+    g.tbo = opt.tbo;
+    g.all_logits = opt.all_logits;
+    g.record_hidden = opt.record_hidden;
+    g.record_topk = opt.record_topk;
+    g.phase_timing = opt.phase_timing;
+    RunResult r;
+    auto t0 = std::chrono::steady_clock::now();
+    r.out = gpu_->run(requests, g, &r.gpu);
     r.prefill_seconds = seconds_since(t0);
     r.n_tokens = r.out.n_tokens;
     const int64_t V = config().vocab_size;

@@ -1,6 +1,7 @@
 // PrefillEngine: what tools/ talks to. Loads a model folder once, makes each CP rank's view of the
 // weights (attention replicated, experts sliced 1/C), runs batches of requests through the
-// context-parallel prefill and returns logits, first tokens and timings. CPU backend.
+// context-parallel prefill and returns logits, first tokens and timings. CPU backend, or the CUDA
+// backend (one GPU per rank, NCCL) with `cuda`.
 #pragma once
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "model/weights.h"
 #include "parallel/cp_prefill.h"
+#include "parallel/gpu_prefill.h"
 
 namespace cpfill {
 
@@ -15,6 +17,8 @@ struct EngineOptions {
     int threads = 0;  // CPU threads in all (0: all hardware threads)
     int cp = 1;       // ranks (threads of this process on the CPU backend)
     LocalCommOptions comm;
+    bool cuda = false;  // run on GPUs (ranks = GPUs 0 … cp − 1 of this process, or under mpirun)
+    GpuGroupOptions gpu;  // cuda: local ranks, devices and NCCL id (empty: threaded mode)
 };
 
 struct RunOptions {
@@ -23,6 +27,7 @@ struct RunOptions {
     bool all_logits = false;
     bool record_hidden = false;
     bool record_topk = false;
+    bool phase_timing = false;  // cuda: per-phase times in RunResult::gpu
 };
 
 struct RunResult {
@@ -30,6 +35,7 @@ struct RunResult {
     std::vector<int32_t> first_tokens;  // argmax of each request's last-position logits
     int64_t n_tokens = 0;
     double prefill_seconds = 0;
+    GpuStats gpu;  // cuda only
 };
 
 class PrefillEngine {
@@ -43,14 +49,17 @@ class PrefillEngine {
     // Load throughput: bytes of the stored tensors read (weights and scales) / load_seconds().
     double load_gbps() const { return load_seconds_ > 0 ? load_bytes_ * 1e-9 / load_seconds_ : 0; }
     // fp32 bytes each rank holds: attention and head replicated, experts 1/C.
-    size_t rank_weight_bytes() const { return ranks_.back().bytes(); }
+    size_t rank_weight_bytes() const { return rank_bytes_; }
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
     RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
 
   private:
+    RunResult run_gpu(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
     EngineOptions options_;
     ModelConfig cfg_;
     std::vector<ModelWeights> ranks_;  // attention and head tensors shared, experts 1/C each
+    std::unique_ptr<GpuGroup> gpu_;    // cuda: the GPUs of this process's ranks
+    size_t rank_bytes_ = 0;            // fp32 bytes of one rank's weights as loaded
     double load_seconds_ = 0;
     size_t load_bytes_ = 0;  // stored bytes read
 };

@@ -39,6 +39,11 @@ struct AttnArgs {
 // serve all 16 heads (MQA), logits and P·V on CUDA cores in fp32.
 void attention(const AttnArgs& a, cudaStream_t stream);
 
+// The same on tensor cores (mma.sync bf16 → fp32; attention_tc.cu): one block per (query, group of
+// up to 64 heads), P rounded to bf16 for P·V. Any n_heads (groups of 16, 32 or 64, padded); q,
+// window, entries and out 16-byte aligned; sm_80 or newer. ~209 KB of shared memory per block.
+void attention_tc(const AttnArgs& a, cudaStream_t stream);
+
 // FLOPs the kernel spends (2 per multiply-add, logits and P·V) for queries at these host-side
 // positions, for rate reports.
 double attention_flops(const AttnArgs& a, const int64_t* host_pos, const int32_t* host_idx);

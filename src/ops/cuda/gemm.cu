@@ -1,5 +1,7 @@
-// linear_bf16: row-major y = x·wᵀ is column-major yᵀ[out, n] = op_T(w)[out, in] · xᵀ[in, n].
+// gemm_bf16: row-major y = x·wᵀ is column-major yᵀ[out, n] = op_T(w)[out, in] · xᵀ[in, n].
 #include "ops/cuda/gemm.h"
+#include <cstdint>
+
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -14,43 +16,88 @@ GemmContext::~GemmContext() {
     if (handle_) cublasLtDestroy(handle_);
 }
 
-void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,
-                 const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
-                 bool accumulate, cudaStream_t stream) {
-    CPFILL_CHECK((y_bf16 == nullptr) != (y_f32 == nullptr), "linear_bf16: give one output");
-    if (n == 0 || out == 0) return;
-    const cudaDataType_t out_type = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+namespace {
+
+// The descriptors of one GEMM, destroyed on scope exit (also when a check throws).
+struct Descs {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CPFILL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    CPFILL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, in, out, in));
-    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, in, n, in));
-    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, out_type, out, n, out));
+    ~Descs() {
+        if (la) cublasLtMatrixLayoutDestroy(la);
+        if (lb) cublasLtMatrixLayoutDestroy(lb);
+        if (lc) cublasLtMatrixLayoutDestroy(lc);
+        if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+};
+
+// Largest power of two (≤ 256) dividing the address: what the algorithm may assume.
+uint32_t alignment(const void* p) {
+    uint32_t a = 256;
+    while (a > 1 && reinterpret_cast<uintptr_t>(p) % a) a /= 2;
+    return a;
+}
+
+cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int64_t in,
+                               int64_t out, const uint32_t align[3]) {
     cublasLtMatmulPreference_t pref = nullptr;
     CPFILL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = ctx.workspace_bytes();
-    CPFILL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t values[4] = {align[0], align[1], align[2], align[2]};
+    for (int i = 0; i < 4; ++i)
+        cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &values[i], sizeof(uint32_t));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
-    CPFILL_CUBLAS_CHECK(
-        cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc, la, lb, lc, lc, pref, 1, &heur, &found));
-    CPFILL_CHECK(found > 0, "cuBLASLt has no algorithm for a bf16 GEMM of [{}, {}] x [{}, {}]ᵀ", n,
-                 in, out, in);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
-    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), desc, &alpha, w, la, x, lb, &beta, y, lc, y,
-                                       lc, &heur.algo, ctx.workspace(), ws, stream));
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle(), d.desc, d.la, d.lb, d.lc,
+                                                       d.lc, pref, 1, &heur, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatmulDescDestroy(desc);
+    CPFILL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+                 "cuBLASLt has no algorithm for a bf16 GEMM of [{}, {}] x [{}, {}]ᵀ (status {})", n,
+                 in, out, in, static_cast<int>(st));
+    return heur.algo;
+}
+
+}  // namespace
+
+void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n, int64_t in,
+               const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
+               int64_t ldy, bool accumulate, cudaStream_t stream) {
+    CPFILL_CHECK((y_bf16 == nullptr) != (y_f32 == nullptr), "gemm_bf16: give one output");
+    CPFILL_CHECK(ldx >= in && ldy >= out, "gemm_bf16: strides {}, {} below widths {}, {}", ldx,
+                 ldy, in, out);
+    if (n == 0 || out == 0) return;
+    const cudaDataType_t out_type = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    Descs d;
+    CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CPFILL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CPFILL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, CUDA_R_16BF, in, out, in));
+    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_16BF, in, n, ldx));
+    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
+    void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
+    const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
+    const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
+    const GemmContext::Key key{n, in, out, ldx, ldy, y_f32 != nullptr, accumulate, align_key};
+    auto it = ctx.algos().find(key);
+    if (it == ctx.algos().end())
+        it = ctx.algos().emplace(key, pick_algo(ctx, d, n, in, out, align)).first;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), d.desc, &alpha, w, d.la, x, d.lb, &beta, y,
+                                       d.lc, y, d.lc, &it->second, ctx.workspace(),
+                                       ctx.workspace_bytes(), stream));
+}
+
+void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,
+                 const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
+                 bool accumulate, cudaStream_t stream) {
+    gemm_bf16(ctx, x, in, n, in, w, out, y_bf16, y_f32, out, accumulate, stream);
 }
 
 }  // namespace cpfill::ops::cuda

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <tuple>
 
 namespace cpfill::ops::cuda {
 
@@ -20,14 +22,25 @@ class GemmContext {
     cublasLtHandle_t handle() const { return handle_; }
     void* workspace() const { return workspace_; }
     size_t workspace_bytes() const { return workspace_bytes_; }
+    // cuBLASLt's heuristic choice per problem (n, in, out, ldx, ldy, fp32 out, accumulate, pointer
+    // alignments), so a repeated shape costs no heuristic query.
+    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int>;
+    std::map<Key, cublasLtMatmulAlgo_t>& algos() { return algos_; }
 
   private:
+    std::map<Key, cublasLtMatmulAlgo_t> algos_;
     cublasLtHandle_t handle_ = nullptr;
     void* workspace_ = nullptr;
     size_t workspace_bytes_ = 32u << 20;
 };
 
 // Output dtype: bf16 (y_bf16) or fp32 (y_f32); exactly one is non-null. accumulate: y += x·wᵀ.
+// x rows have stride ldx (≥ in), y rows stride ldy (≥ out), in elements.
+void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n, int64_t in,
+               const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
+               int64_t ldy, bool accumulate, cudaStream_t stream);
+
+// gemm_bf16 with dense rows (ldx = in, ldy = out).
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,
                  const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
                  bool accumulate, cudaStream_t stream);

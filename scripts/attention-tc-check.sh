@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds only what tests/cuda/test_attention_tc_cuda.cpp needs (the two
+# attention kernels, the CPU reference, buffers and device queries; not the whole tree), runs its
+# tests, the rates of attention() and attention_tc() on 16k-query CSA- and HCA-like shapes, then
+# compute-sanitizer (memcheck, racecheck) on small cases where it works. Logs go to $OUT (or
+# ./attention-tc-out).
+# Usage: scripts/attention-tc-check.sh   (BUILD=dir for the objects, default
+# /tmp/attention-tc-build; JOBS=n parallel compiles, default all cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-attention-tc-out}
+build=${BUILD:-/tmp/attention-tc-build}
+mkdir -p "$out" "$build"
+export PATH=/usr/local/cuda/bin:$PATH
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+    nvcc --version | tail -2
+} >"$out/machine.txt" 2>&1
+
+blas_inc=/usr/include/$(gcc -dumpmachine)
+cxx_flags=(-std=c++20 -O2 -Wall -Wextra -Isrc -Itests/cuda -I/usr/local/cuda/include
+           "-I$blas_inc" -DCPFILL_HAVE_CUDA=1)
+cu_flags=(-std=c++17 -O3 "-gencode=arch=compute_90a,code=sm_90a" -Xcompiler=-Wall -Xptxas=-v -Isrc
+          -DCPFILL_HAVE_CUDA=1)
+cpp_srcs=(src/core/dtype.cpp src/core/error.cpp src/core/parallel.cpp src/ops/cpu/linear.cpp
+          src/ops/cpu/attention.cpp tests/cuda/test_attention_tc_cuda.cpp)
+cu_srcs=(src/ops/cuda/attention.cu src/ops/cuda/attention_tc.cu src/runtime/cuda/buffer.cu
+         src/runtime/cuda/device.cu)
+
+# Compile in parallel (at most $JOBS at once, default all cores), one log per file; the test file
+# (ours) also with -Werror. A compile that succeeds leaves <object>.ok.
+max_jobs=${JOBS:-$(nproc)}
+objs=()
+compile() {  # compile <object> <command…>
+    local o=$1
+    shift
+    rm -f "$o.ok"
+    { "$@" >"$o.log" 2>&1 && touch "$o.ok"; } &
+    while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
+}
+for f in "${cpp_srcs[@]}"; do
+    o=$build/$(basename "$f").o
+    objs+=("$o")
+    extra=()
+    [[ $f == tests/* ]] && extra=(-Werror)
+    compile "$o" g++ "${cxx_flags[@]}" "${extra[@]}" -c "$f" -o "$o"
+done
+for f in "${cu_srcs[@]}"; do
+    o=$build/$(basename "$f").o
+    objs+=("$o")
+    compile "$o" nvcc "${cu_flags[@]}" -c "$f" -o "$o"
+done
+wait
+cat "$build"/*.o.log >"$out/build.log"
+for o in "${objs[@]}"; do
+    [ -e "$o.ok" ] || { tail -n 40 "$out/build.log"; echo "attention-tc-check: build failed"; exit 1; }
+done
+g++ -o "$build/test_attention_tc" "${objs[@]}" -L/usr/local/cuda/lib64 -lcudart -lgtest \
+    -lgtest_main -lfmt -lopenblas -lpthread >>"$out/build.log" 2>&1 ||
+    { tail -n 20 "$out/build.log"; echo "attention-tc-check: link failed"; exit 1; }
+grep -E "registers|spill" "$build/attention_tc.cu.o.log" || true
+
+cuobjdump --dump-sass "$build/attention_tc.cu.o" | grep -c HMMA | sed 's/^/HMMA instructions: /' || true
+
+status=0
+"$build/test_attention_tc" >"$out/tests.log" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED) |tests ran|Failure" "$out/tests.log" | head -n 40 || true
+
+# The rates, with the SM clock and power sampled alongside (GPU 0, the one the test uses).
+nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw --format=csv,noheader -lms 250 \
+    >"$out/clocks.log" 2>&1 &
+smi=$!
+"$build/test_attention_tc" --gtest_also_run_disabled_tests --gtest_filter='CudaAttentionTcRate.*' \
+    >"$out/rates.log" 2>&1 || status=1
+kill "$smi" 2>/dev/null || true
+awk -F', ' '$2 + 0 > 300 { c += $1; n++; if ($1 + 0 < lo || !lo) lo = $1 + 0; if ($2 + 0 > p) p = $2 + 0 }
+    END { if (n) printf "busy samples: %d, SM clock mean %.0f (min %d) MHz, max power %.0f W\n",
+                         n, c / n, lo, p }' "$out/clocks.log" || true
+grep -E "^\[ (rate|error) \]|beyond|FAILED" "$out/rates.log" || true
+
+# Last, as it may not work on every machine: bad accesses and shared-memory races, small cases,
+# skipped when the script has run 2 minutes already (SANITIZE=0 skips, 1 forces).
+sanitize=${SANITIZE:-auto}
+[ "$sanitize" = auto ] && { ((SECONDS < 120)) && sanitize=1 || sanitize=0; }
+echo "${SECONDS}s so far; sanitizer: $sanitize"
+if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
+    small='Grid/CudaAttentionTc.MatchesCpu/24h_csa_small_37q'
+    timeout 45 compute-sanitizer --tool memcheck "$build/test_attention_tc" \
+        --gtest_filter="$small:Edges/CudaAttentionTc.MatchesCpu/80h_csa_37q" \
+        >"$out/sanitizer-memcheck.log" 2>&1 || echo "memcheck: non-zero exit (see its log)"
+    timeout 45 compute-sanitizer --tool racecheck "$build/test_attention_tc" \
+        --gtest_filter="$small" >"$out/sanitizer-racecheck.log" 2>&1 ||
+        echo "racecheck: non-zero exit (see its log)"
+    tail -n 2 "$out"/sanitizer-*.log
+fi
+echo "attention-tc-check: status $status"
+exit $status

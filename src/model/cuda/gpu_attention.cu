@@ -1,0 +1,192 @@
+// GPU attention stages: projections through cuBLASLt, norms, RoPE, pooling, indexer, attention.
+#include <cmath>
+
+#include "model/cuda/gpu_attention.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/compressor.h"
+#include "ops/cuda/indexer.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/rope.h"
+#include "ops/cuda/rows.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace cpfill::cuda {
+
+namespace oc = ops::cuda;
+
+namespace {
+
+const float* inv_freq(const GpuWeights& W, const GpuLayer& L) {
+    return (L.type == AttnType::Sliding ? W.inv_freq_main : W.inv_freq_compress).as<float>();
+}
+
+void linear(const GpuCtx& c, const bf16* x, int64_t n, int64_t in, const DeviceBuffer& w,
+            int64_t out, bf16* y, int64_t ldy) {
+    oc::gemm_bf16(*c.gemm, x, in, n, in, w.as<bf16>(), out, y, nullptr, ldy, false, c.stream);
+}
+
+// Pools windows [first, last) of one compressor from packed request rows into dst rows.
+void pool(const GpuCtx& c, const GpuWeights& W, const GpuCompressor& comp, int ratio, int64_t dim,
+          bool overlap, const bf16* rows, int64_t ld, int64_t c_off, int64_t z_off,
+          int64_t first, int64_t last, bf16* dst, const int64_t* win_pos) {
+    if (last <= first) return;
+    const ModelConfig& cfg = W.cfg;
+    bf16* out = dst + first * dim;
+    oc::compress_pool({ratio, dim, overlap}, rows + c_off, rows + z_off, ld, 0,
+                      comp.ape.as<float>(), first, last, out, c.stream);
+    oc::rmsnorm(out, last - first, dim, comp.norm.as<float>(), float(cfg.norm_eps), out, c.stream);
+    oc::apply_rope(out, last - first, dim, 1, static_cast<int>(dim), cfg.rope_dim,
+                   W.inv_freq_compress.as<float>(), win_pos + first, false, c.stream);
+}
+
+}  // namespace
+
+int64_t packed_width(const ModelConfig& cfg, AttnType t) {
+    int64_t w = cfg.head_dim;
+    if (t == AttnType::HCA) w += 2 * int64_t{cfg.head_dim};
+    if (t == AttnType::CSA) w += 2 * (2 * int64_t{cfg.head_dim}) + 2 * (2 * int64_t{cfg.index_head_dim});
+    return w;
+}
+
+void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
+                   const bf16* xn, bf16* packed, GpuAttnScratch& s) {
+    const ModelConfig& cfg = W.cfg;
+    const int64_t n = rows.n, D = cfg.d_model, d = cfg.head_dim;
+    const int64_t ld = packed_width(cfg, L.type);
+    c.phase(Phase::Attention);
+    // Window key: rope(kv_norm(x · wkv)), then into column 0 of the packed rows.
+    linear(c, xn, n, D, L.wkv, d, s.key, d);
+    oc::rmsnorm(s.key, n, d, L.kv_norm.as<float>(), float(cfg.norm_eps), s.key, c.stream);
+    oc::apply_rope(s.key, n, d, 1, static_cast<int>(d), cfg.rope_dim, inv_freq(W, L), rows.pos,
+                   false, c.stream);
+    oc::copy_cols_bf16(s.key, d, n, d, packed, ld, c.stream);
+    if (L.type == AttnType::Sliding) return;
+    c.phase(Phase::Compressor);
+    const bool csa = L.type == AttnType::CSA;
+    const int64_t comp = (csa ? 2 : 1) * d;
+    linear(c, xn, n, D, L.comp.wkv, comp, packed + d, ld);
+    linear(c, xn, n, D, L.comp.wgate, comp, packed + d + comp, ld);
+    if (csa) {
+        const int64_t idx = 2 * int64_t{cfg.index_head_dim}, off = d + 2 * comp;
+        linear(c, xn, n, D, L.idx_comp.wkv, idx, packed + off, ld);
+        linear(c, xn, n, D, L.idx_comp.wgate, idx, packed + off + idx, ld);
+    }
+}
+
+void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
+                      const GpuRows& rows, const bf16* xn, GpuAttnScratch& s) {
+    const ModelConfig& cfg = W.cfg;
+    const int64_t n = rows.n, D = cfg.d_model;
+    const int H = cfg.n_heads, d = cfg.head_dim;
+    const int64_t Hd = int64_t{H} * d;
+    const float eps = float(cfg.norm_eps);
+    c.phase(Phase::Attention);
+    linear(c, xn, n, D, L.wq_a, cfg.q_rank, s.cq, cfg.q_rank);
+    oc::rmsnorm(s.cq, n, cfg.q_rank, L.q_norm.as<float>(), eps, s.cq, c.stream);
+    linear(c, s.cq, n, cfg.q_rank, L.wq_b, Hd, s.q, Hd);
+    oc::rmsnorm(s.q, n * H, d, nullptr, eps, s.q, c.stream);
+    oc::apply_rope(s.q, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, false, c.stream);
+    if (L.type != AttnType::CSA) return;
+    c.phase(Phase::Indexer);
+    const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
+    linear(c, s.cq, n, cfg.q_rank, L.idx_wq_b, int64_t{nI} * dI, s.qI, int64_t{nI} * dI);
+    oc::apply_rope(s.qI, n, int64_t{nI} * dI, nI, dI, cfg.rope_dim, inv_freq(W, L), rows.pos,
+                   false, c.stream);
+    oc::gemm_bf16(*c.gemm, xn, D, n, D, L.idx_weights_proj.as<bf16>(), nI, nullptr, s.wI, nI,
+                  false, c.stream);
+    oc::scale_f32(s.wI, n * nI, 1.0f / std::sqrt(float(nI)), c.stream);
+}
+
+void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* request_rows,
+                   int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv, const GpuAttnScratch& s) {
+    const ModelConfig& cfg = W.cfg;
+    const int64_t d = cfg.head_dim;
+    CPFILL_CHECK(kv.n_tokens == pos0, "KV store holds {} tokens but the segment starts at {}",
+                 kv.n_tokens, pos0);
+    c.phase(Phase::Attention);
+    oc::copy_cols_bf16(request_rows + pos0 * ld, ld, len, d, kv.window + pos0 * d, d, c.stream);
+    const int64_t after = pos0 + len;
+    if (L.type != AttnType::Sliding) {
+        c.phase(Phase::Compressor);
+        const bool csa = L.type == AttnType::CSA;
+        const int ratio = csa ? cfg.csa_ratio : cfg.hca_ratio;
+        const int64_t comp = (csa ? 2 : 1) * d, first = kv.n_entries, last = after / ratio;
+        const int64_t* wp = csa ? s.win_pos_csa : s.win_pos_hca;
+        pool(c, W, L.comp, ratio, d, csa, request_rows, ld, d, d + comp, first, last, kv.entries,
+             wp);
+        if (csa) {
+            const int64_t dI = cfg.index_head_dim, off = d + 2 * comp;
+            pool(c, W, L.idx_comp, ratio, dI, true, request_rows, ld, off, off + 2 * dI, first,
+                 last, kv.index_keys, wp);
+        }
+        kv.n_entries = last;
+    }
+    kv.n_tokens = after;
+}
+
+void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, int layer,
+                     const GpuRows& rows, const GpuKvStore& store, GpuAttnScratch& s, bf16* out) {
+    const ModelConfig& cfg = W.cfg;
+    const int64_t n = rows.n, D = cfg.d_model;
+    const int H = cfg.n_heads, d = cfg.head_dim;
+    const int64_t Hd = int64_t{H} * d;
+    const bool csa = L.type == AttnType::CSA;
+    const int ratio = cfg.ratio(layer);
+    const int K = cfg.index_topk;
+    CPFILL_CUDA_CHECK(cudaMemsetAsync(s.o, 0, n * Hd * sizeof(bf16), c.stream));
+    if (csa) CPFILL_CUDA_CHECK(cudaMemsetAsync(s.topk, 0xff, n * K * sizeof(int32_t), c.stream));
+    for (const LocalSegment& seg : rows.segments) {
+        const GpuLayerKv& kv = store[seg.request][layer];
+        const int64_t b = seg.begin, m = seg.end - seg.begin;
+        if (csa) {
+            c.phase(Phase::Indexer);
+            oc::IndexerArgs ia;
+            ia.q = s.qI + b * cfg.index_n_heads * cfg.index_head_dim;
+            ia.weight = s.wI + b * cfg.index_n_heads;
+            ia.pos = rows.pos + b;
+            ia.n_q = m;
+            ia.n_heads = cfg.index_n_heads;
+            ia.dim = cfg.index_head_dim;
+            ia.keys = kv.index_keys;
+            ia.n_entries = kv.n_entries;
+            ia.ratio = ratio;
+            ia.top_k = K;
+            ia.scale = 1.0f / std::sqrt(float(cfg.index_head_dim));
+            ia.idx = s.topk + b * K;
+            oc::indexer_topk(ia, s.scores, s.scores_floats, c.stream);
+        }
+        c.phase(Phase::Attention);
+        oc::AttnArgs a;
+        a.q = s.q + b * Hd;
+        a.pos = rows.pos + b;
+        a.n_q = m;
+        a.n_heads = H;
+        a.head_dim = d;
+        a.window = kv.window;
+        a.window_size = cfg.window;
+        if (L.type != AttnType::Sliding) {
+            a.entries = kv.entries;
+            a.n_entries = kv.n_entries;
+            a.ratio = ratio;
+        }
+        if (csa) {
+            a.entry_idx = s.topk + b * K;
+            a.idx_stride = K;
+        }
+        a.sinks = L.sink.as<float>();
+        a.scale = 1.0f / std::sqrt(float(d));
+        a.out = s.o + b * Hd;
+        oc::attention(a, c.stream);
+    }
+    c.phase(Phase::Attention);
+    oc::apply_rope(s.o, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, true, c.stream);
+    const int g = cfg.o_groups;
+    const int64_t group_in = Hd / g, ro = cfg.o_rank;
+    for (int gi = 0; gi < g; ++gi)
+        oc::gemm_bf16(*c.gemm, s.o + gi * group_in, Hd, n, group_in,
+                      L.wo_a.as<bf16>() + gi * ro * group_in, ro, s.yo + gi * ro, nullptr, g * ro,
+                      false, c.stream);
+    linear(c, s.yo, n, g * ro, L.wo_b, D, out, D);
+}
+
+}  // namespace cpfill::cuda

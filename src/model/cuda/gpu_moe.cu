@@ -1,0 +1,54 @@
+// gpu_moe_forward: route → sort by expert → per-expert GEMMs → shared expert → combine.
+#include "model/cuda/gpu_moe.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_dispatch.h"
+#include "ops/cuda/rows.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace cpfill::cuda {
+
+namespace oc = ops::cuda;
+
+void gpu_moe_forward(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
+                     const int32_t* tokens, int64_t rows, GpuMoeScratch& s, bf16* out) {
+    const ModelConfig& cfg = W.cfg;
+    const int E = cfg.n_experts, K = cfg.top_k;
+    const int64_t D = cfg.d_model, width = W.width, n_assign = rows * K;
+    const float limit = float(cfg.swiglu_limit);
+    c.phase(Phase::Moe);
+    oc::gemm_bf16(*c.gemm, y, D, rows, D, L.gate.as<bf16>(), E, nullptr, s.logits, E, false,
+                  c.stream);
+    const bool hash = L.mlp == MlpType::Hash;
+    if (hash) oc::hash_lookup(L.tid2eid.as<int64_t>(), tokens, rows, K, s.hash, c.stream);
+    oc::route(s.logits, rows, E, K, hash ? nullptr : L.gate_bias.as<float>(),
+              hash ? s.hash : nullptr, float(cfg.routed_scale), s.idx, s.weight, c.stream);
+    oc::sort_by_expert(s.idx, n_assign, E, s.perm, s.counts, s.keys, s.ids, s.sort_scratch,
+                       s.sort_bytes, c.stream);
+    CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.host_counts, s.counts, E * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, c.stream));
+    oc::gather_by_expert(y, D, s.perm, n_assign, K, s.weight, s.xp, s.sp, s.inv, c.stream);
+    // The GEMM sizes need the counts on the host: the one host wait of a layer.
+    wait_stream(c.stream, *c.flag, c.deadline, "MoE expert counts");
+    int64_t off = 0;
+    for (int e = 0; e < E; ++e) {
+        const int64_t m = s.host_counts[e];
+        if (m == 0) continue;
+        CPFILL_CHECK(off + m <= n_assign, "expert counts exceed {} assignments", n_assign);
+        oc::linear_bf16(*c.gemm, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D,
+                        2 * width, s.gu, nullptr, false, c.stream);
+        oc::swiglu(s.gu, m, width, limit, s.sp + off, s.act, c.stream);
+        oc::linear_bf16(*c.gemm, s.act, m, width, L.w2.as<bf16>() + e * D * width, D,
+                        s.op + off * D, nullptr, false, c.stream);
+        off += m;
+    }
+    CPFILL_CHECK(off == n_assign, "expert counts sum to {}, expected {}", off, n_assign);
+    // Shared expert (this rank's slice) over all rows, in fp32, then the routed outputs added.
+    oc::linear_bf16(*c.gemm, y, rows, D, L.shared_w13.as<bf16>(), 2 * width, s.gu, nullptr, false,
+                    c.stream);
+    oc::swiglu(s.gu, rows, width, limit, nullptr, s.act, c.stream);
+    oc::linear_bf16(*c.gemm, s.act, rows, width, L.shared_w2.as<bf16>(), D, nullptr, s.acc, false,
+                    c.stream);
+    oc::combine_experts(s.acc, s.op, s.inv, rows, K, D, out, c.stream);
+}
+
+}  // namespace cpfill::cuda

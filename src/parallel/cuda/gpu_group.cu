@@ -1,0 +1,255 @@
+// GpuGroup: NCCL bootstrap (threaded or one rank per process), weights, the memory check and the
+// rank threads of a run; plan_gpu_memory and the measured ceilings.
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "ops/cuda/gemm.h"
+#include "parallel/cuda/gpu_runner.h"
+#include "parallel/gpu_prefill.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/device.h"
+
+namespace cpfill {
+
+using cuda::RankDevice;
+
+struct GpuGroup::Impl {
+    GpuGroupOptions opt;
+    std::vector<std::unique_ptr<RankDevice>> ranks;  // local ranks
+    std::vector<int> local;                          // their ranks
+    bool broken = false;  // a failure aborted the communicators: the group cannot run again
+    std::string broken_why;
+
+    // Runs fn(i) for each local rank on its own thread with its device current; rethrows the
+    // first error after aborting every local communicator (peers in other processes see theirs
+    // fail or time out).
+    template <class F>
+    void on_ranks(F fn) {
+        std::mutex mu;
+        std::exception_ptr first;
+        cuda::AbortFlag flag;
+        std::vector<std::thread> threads;
+        for (size_t i = 0; i < ranks.size(); ++i)
+            threads.emplace_back([&, i] {
+                try {
+                    CPFILL_CUDA_CHECK(cudaSetDevice(ranks[i]->device));
+                    fn(i, flag);
+                } catch (const std::exception& e) {
+                    const std::string why =
+                        fmt::format("rank {} failed: {}", ranks[i]->rank, e.what());
+                    {
+                        std::lock_guard<std::mutex> lock(mu);
+                        if (!first) first = std::current_exception();
+                    }
+                    flag.raise(why);
+                }
+            });
+        for (auto& t : threads) t.join();
+        if (!first) return;
+        for (auto& r : ranks) {
+            if (r->cp_comm) r->cp_comm->abort();
+            if (r->overlap) r->overlap->abort();
+        }
+        broken = true;
+        broken_why = flag.why();
+        std::rethrow_exception(first);
+    }
+};
+
+NcclId GpuGroup::new_nccl_id() {
+    ncclUniqueId id;
+    CPFILL_NCCL_CHECK(ncclGetUniqueId(&id));
+    NcclId out;
+    static_assert(sizeof(id) == sizeof(out));
+    std::memcpy(out.data(), &id, sizeof(id));
+    return out;
+}
+
+GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>()) {
+    Impl& g = *impl_;
+    g.opt = opt;
+    const int C = opt.cp;
+    CPFILL_CHECK(C >= 1 && C <= 64, "--cp {}: expected 1 to 64 GPU ranks", C);
+    std::vector<int> local = opt.local_ranks;
+    const bool threaded = local.empty();
+    if (threaded)
+        for (int r = 0; r < C; ++r) local.push_back(r);
+    std::string why;
+    const int n_dev = cuda_device_count(&why);
+    CPFILL_CHECK(n_dev > 0, "--device cuda: no usable GPU: {}", why);
+    if (threaded)
+        CPFILL_CHECK(C <= n_dev,
+                     "--cp {} needs {} GPUs in this process but {} are visible (run under mpirun "
+                     "for more machines, or lower --cp)",
+                     C, C, n_dev);
+    NcclId id = threaded ? new_nccl_id() : opt.nccl_id;
+    ncclUniqueId nid;
+    std::memcpy(&nid, id.data(), sizeof(nid));
+    for (size_t i = 0; i < local.size(); ++i) {
+        auto r = std::make_unique<RankDevice>();
+        r->rank = local[i];
+        r->cp = C;
+        r->device = i < opt.devices.size() ? opt.devices[i] : static_cast<int>(i);
+        CPFILL_CHECK(r->rank >= 0 && r->rank < C, "rank {} outside a group of {}", r->rank, C);
+        CPFILL_CHECK(r->device >= 0 && r->device < n_dev, "rank {}: GPU {} does not exist ({} visible)",
+                     r->rank, r->device, n_dev);
+        g.ranks.push_back(std::move(r));
+    }
+    g.local = local;
+    // NCCL init is collective: every local rank joins at once, on its own thread.
+    g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
+        RankDevice& r = *g.ranks[i];
+        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.compute, cudaStreamNonBlocking));
+        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.comm, cudaStreamNonBlocking));
+        r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
+        r.overlap = r.cp_comm->dup();
+        r.gemm = std::make_unique<ops::cuda::GemmContext>();
+    });
+}
+
+GpuGroup::~GpuGroup() = default;
+
+int GpuGroup::cp() const { return impl_->opt.cp; }
+
+const std::vector<int>& GpuGroup::local_ranks() const { return impl_->local; }
+
+void GpuGroup::load(const std::vector<const ModelWeights*>& rank_weights) {
+    Impl& g = *impl_;
+    CPFILL_CHECK(rank_weights.size() == g.ranks.size(), "weights for {} ranks, {} local ranks",
+                 rank_weights.size(), g.ranks.size());
+    g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
+        RankDevice& r = *g.ranks[i];
+        const ModelWeights& w = *rank_weights[i];
+        CPFILL_CHECK(w.slice.part == r.rank && w.slice.parts == r.cp,
+                     "rank {} of {} got expert slice {} of {}", r.rank, r.cp, w.slice.part,
+                     w.slice.parts);
+        r.weights.reset();
+        r.arena.reset();
+        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_weights(w));
+        r.alloc_host_counts(w.cfg.n_experts);
+    });
+}
+
+void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
+    Impl& g = *impl_;
+    g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
+        RankDevice& r = *g.ranks[i];
+        r.weights.reset();
+        r.arena.reset();
+        r.weights = std::make_unique<cuda::GpuWeights>(
+            cuda::random_weights(cfg, ExpertSlice{r.rank, r.cp}, seed));
+        r.alloc_host_counts(cfg.n_experts);
+    });
+}
+
+namespace {
+
+// The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU.
+int fitting_cp(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& requests,
+               const GpuRunOptions& opt, size_t capacity) {
+    for (int c = 1; c <= 64; ++c) {
+        if (cfg.moe_dim < c) break;
+        const cuda::RunPlan p = cuda::make_run_plan(requests, cfg, c, opt.tbo);
+        const int64_t width = cuda::slice_width(cfg.moe_dim, ExpertSlice{0, c});
+        if (cuda::workspace_bytes(cfg, p, c, width, opt) + cuda::weight_bytes(cfg, width) <=
+            capacity)
+            return c;
+    }
+    return 0;
+}
+
+}  // namespace
+
+PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
+                            const GpuRunOptions& opt, GpuStats* stats) {
+    Impl& g = *impl_;
+    CPFILL_CHECK(!g.broken, "this GPU group was stopped by an earlier failure ({}); start a new one",
+                 g.broken_why);
+    for (auto& r : g.ranks)
+        CPFILL_CHECK(r->weights != nullptr, "rank {} has no weights (load or randomize first)",
+                     r->rank);
+    const ModelConfig& cfg = g.ranks[0]->weights->cfg;
+    validate_requests(requests, cfg.vocab_size);
+    const int C = g.opt.cp;
+    const cuda::RunPlan plan = cuda::make_run_plan(requests, cfg, C, opt.tbo);
+    // Memory check before any work: the workspace must fit beside the weights.
+    for (auto& r : g.ranks) {
+        const size_t need = cuda::workspace_bytes(cfg, plan, C, r->weights->width, opt);
+        size_t free_b = 0, total_b = 0;
+        CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
+        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        const size_t have = free_b + (r->arena ? r->arena->capacity() : 0);
+        if (need + (size_t{512} << 20) > have) {  // keep 512 MiB for cuBLAS, NCCL and CUB
+            const int fit = fitting_cp(cfg, requests, opt, have + r->weights->bytes);
+            CPFILL_FAIL(
+                "out of GPU memory: {} tokens at --cp {} need {:.2f} GB of workspace per GPU "
+                "(+0.5 GB reserve) but GPU {} has {:.2f} GB free beside {:.2f} GB of weights; {}",
+                plan.batch.n_tokens(), C, need * 1e-9, r->device, have * 1e-9,
+                r->weights->bytes * 1e-9,
+                fit > C ? fmt::format("--cp {} would fit", fit)
+                        : std::string("no --cp up to 64 fits: shorten the prompt"));
+        }
+    }
+    PrefillOutput out;
+    out.n_tokens = plan.batch.n_tokens();
+    out.tbo_used = plan.tbo;
+    const bool has_rank0 = g.ranks[0]->rank == 0;
+    if (has_rank0) {
+        for (const auto& r : requests)
+            out.logits.push_back(Tensor::zeros(
+                DType::F32, opt.all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
+                                           : Shape{cfg.vocab_size}));
+        if (opt.record_hidden) {
+            for (int i = 0; i <= cfg.n_layers; ++i)
+                out.hidden.push_back(Tensor::zeros(DType::F32, {out.n_tokens, cfg.hc, cfg.d_model}));
+            out.hidden.push_back(Tensor::zeros(DType::F32, {out.n_tokens, cfg.d_model}));
+        }
+        if (opt.record_topk)
+            for (int i = 0; i < cfg.n_layers; ++i)
+                out.topk.push_back(cfg.layer_types[i] == AttnType::CSA
+                                       ? Tensor::zeros(DType::I32, {out.n_tokens, cfg.index_topk})
+                                       : Tensor());
+    }
+    GpuStats st;
+    const auto t0 = std::chrono::steady_clock::now();
+    g.on_ranks([&](size_t i, const cuda::AbortFlag& flag) {
+        RankDevice& r = *g.ranks[i];
+        const bool zero = r.rank == 0;
+        cuda::run_rank(r, plan, opt, flag, g.opt.deadline, zero ? &out : nullptr,
+                       zero ? &st : nullptr);
+    });
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.tbo_used = plan.tbo;
+    st.n_tokens = plan.batch.n_tokens();
+    for (auto& r : g.ranks) {
+        size_t free_b = 0, total_b = 0;
+        CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
+        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        st.peak_bytes = std::max(st.peak_bytes, total_b - free_b);
+        st.weight_bytes = std::max(st.weight_bytes, r->weights->bytes);
+    }
+    if (stats) *stats = st;
+    return out;
+}
+
+GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
+                              bool tbo, bool all_logits) {
+    CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",
+                 n_tokens, n_requests);
+    std::vector<std::vector<int32_t>> reqs(n_requests);
+    for (int i = 0; i < n_requests; ++i)
+        reqs[i].assign(n_tokens / n_requests + (i < n_tokens % n_requests ? 1 : 0), 0);
+    GpuRunOptions opt;
+    opt.tbo = tbo ? TboMode::On : TboMode::Off;
+    opt.all_logits = all_logits;
+    const cuda::RunPlan plan = cuda::make_run_plan(reqs, cfg, cp, opt.tbo);
+    const int64_t width = cuda::slice_width(cfg.moe_dim, ExpertSlice{0, cp});
+    GpuMemoryPlan p;
+    p.weights = cuda::weight_bytes(cfg, width);
+    p.workspace = cuda::workspace_bytes(cfg, plan, cp, width, opt);
+    return p;
+}
+
+}  // namespace cpfill

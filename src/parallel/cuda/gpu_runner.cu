@@ -1,0 +1,570 @@
+// run_rank: the workspace carved from the arena, the per-sub-batch stages, split-phase NCCL
+// collectives, the head and the records of one GPU rank.
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "model/cuda/gpu_attention.h"
+#include "model/cuda/gpu_moe.h"
+#include "ops/cuda/mhc.h"
+#include "ops/cuda/moe_dispatch.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/rows.h"
+#include "parallel/cuda/gpu_runner.h"
+#include "parallel/layout.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace cpfill::cuda {
+
+namespace oc = ops::cuda;
+
+RankDevice::~RankDevice() {
+    if (host_counts) cudaFreeHost(host_counts);
+    if (compute) cudaStreamDestroy(compute);
+    if (comm) cudaStreamDestroy(comm);
+}
+
+void RankDevice::alloc_host_counts(int n_experts) {
+    if (host_counts) cudaFreeHost(host_counts);
+    host_counts = nullptr;
+    CPFILL_CUDA_CHECK(cudaMallocHost(&host_counts, n_experts * sizeof(int32_t)));
+}
+
+RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
+                      int cp, TboMode tbo) {
+    RunPlan p;
+    p.requests = &requests;
+    p.batch = make_batch(requests, cfg.vocab_size);
+    const int64_t T = p.batch.n_tokens();
+    p.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && tbo_pays(cfg, T, cp));
+    if (T < 2) p.tbo = false;
+    if (p.tbo) {
+        auto [a, b] = split_in_two(p.batch);
+        p.row_offset = {0, a.n_tokens()};
+        p.subs.push_back(std::move(a));
+        p.subs.push_back(std::move(b));
+    } else {
+        p.subs.push_back(p.batch);
+        p.row_offset = {0};
+    }
+    return p;
+}
+
+namespace {
+
+enum Slot { kAttn, kMoeGather, kScatter, kSlots };
+
+// Counts what take() would hand out (the plan) without allocating.
+struct CountingArena {
+    size_t used = 0;
+    template <class T>
+    T* take(int64_t n) {
+        used += arena_round(static_cast<size_t>(std::max<int64_t>(n, 0)) * sizeof(T));
+        return nullptr;
+    }
+};
+
+struct SubState {
+    int index = 0;
+    int64_t row_offset = 0;
+    const Batch* batch = nullptr;
+    CpLayout layout;
+    Rows rows;       // host
+    GpuRows grows;   // device positions + segments
+    int64_t n = 0, padded = 0;
+    float* h = nullptr;        // [n, hc, d_model]
+    float* post = nullptr;     // [n, hc] (MoE site, lives from X to finish_moe)
+    float* comb = nullptr;     // [n, hc, hc]
+    int64_t* pos = nullptr;    // [n]
+    int32_t* tokens_rm = nullptr;  // [padded]
+    int32_t* tokens_local = nullptr;  // [n]
+    bf16* send[kSlots] = {};
+    bf16* recv[kSlots] = {};
+};
+
+struct Dims {
+    int64_t n_max = 0, p_max = 0, w_max = 0, T = 0, max_len = 0, n_wanted = 0, logit_rows = 0;
+    int64_t scores = 0;
+};
+
+int64_t max_packed_width(const ModelConfig& cfg) {
+    int64_t w = 0;
+    for (AttnType t : cfg.layer_types) w = std::max(w, packed_width(cfg, t));
+    return w;
+}
+
+Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOptions& opt) {
+    Dims d;
+    for (const Batch& b : plan.subs) {
+        const CpLayout l = make_layout(b, cp);
+        d.n_max = std::max(d.n_max, l.local());
+        d.p_max = std::max(d.p_max, l.padded);
+    }
+    d.w_max = max_packed_width(cfg);
+    d.T = plan.batch.n_tokens();
+    for (const auto& r : *plan.requests) d.max_len = std::max<int64_t>(d.max_len, r.size());
+    d.n_wanted = opt.all_logits ? d.T : static_cast<int64_t>(plan.requests->size());
+    d.logit_rows = std::clamp<int64_t>((int64_t{256} << 20) / (cfg.vocab_size * 4), 1, d.n_wanted);
+    const int64_t max_entries = d.max_len / std::max(1, cfg.csa_ratio) + 1;
+    d.scores = std::max(max_entries, std::min(d.n_max * max_entries, int64_t{1} << 26));
+    return d;
+}
+
+// The workspace of one run, carved in one fixed order from an arena (or counted).
+struct Workspace {
+    std::vector<SubState> subs;
+    bf16* x = nullptr;          // [n_max, d_model]
+    float* post_attn = nullptr;  // [n_max, hc]
+    float* comb_attn = nullptr;  // [n_max, hc, hc]
+    bf16* attn_out = nullptr;   // [n_max, d_model]
+    bf16* staging = nullptr;    // [T + cp, w_max] packed rows of the batch, global order
+    GpuAttnScratch attn;
+    GpuMoeScratch moe;
+    GpuKvStore kv;
+    bf16* z = nullptr;          // [n_max, d_model]
+    bf16* zw = nullptr;         // [n_wanted, d_model]
+    float* logits = nullptr;    // [logit_rows, vocab]
+    void* rec_send = nullptr;   // [n_max, hc, d_model] fp32 (records only)
+    void* rec_recv = nullptr;   // [p_max, hc, d_model] fp32
+};
+
+template <class A>
+void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
+           const GpuRunOptions& opt) {
+    const Dims d = dims_of(cfg, plan, cp, opt);
+    const int64_t D = cfg.d_model, hc = cfg.hc, Hd = int64_t{cfg.n_heads} * cfg.head_dim;
+    const int64_t K = cfg.top_k, E = cfg.n_experts;
+    w.subs.resize(plan.subs.size());
+    for (size_t i = 0; i < plan.subs.size(); ++i) {
+        SubState& s = w.subs[i];
+        const CpLayout l = make_layout(plan.subs[i], cp);
+        const int64_t n = l.local(), P = l.padded;
+        s.h = a.template take<float>(n * hc * D);
+        s.post = a.template take<float>(n * hc);
+        s.comb = a.template take<float>(n * hc * hc);
+        s.pos = a.template take<int64_t>(n);
+        s.tokens_rm = a.template take<int32_t>(P);
+        s.tokens_local = a.template take<int32_t>(n);
+        s.send[kAttn] = a.template take<bf16>(n * d.w_max);
+        s.recv[kAttn] = a.template take<bf16>(P * d.w_max);
+        s.send[kMoeGather] = a.template take<bf16>(n * D);
+        s.recv[kMoeGather] = a.template take<bf16>(P * D);
+        s.send[kScatter] = a.template take<bf16>(P * D);
+        s.recv[kScatter] = a.template take<bf16>(n * D);
+    }
+    const int64_t n = d.n_max, P = d.p_max;
+    w.x = a.template take<bf16>(n * D);
+    w.post_attn = a.template take<float>(n * hc);
+    w.comb_attn = a.template take<float>(n * hc * hc);
+    w.attn_out = a.template take<bf16>(n * D);
+    w.staging = a.template take<bf16>((d.T + cp) * d.w_max);
+    GpuAttnScratch& s = w.attn;
+    s.key = a.template take<bf16>(n * cfg.head_dim);
+    s.cq = a.template take<bf16>(n * cfg.q_rank);
+    s.q = a.template take<bf16>(n * Hd);
+    s.o = a.template take<bf16>(n * Hd);
+    s.yo = a.template take<bf16>(n * cfg.o_groups * cfg.o_rank);
+    s.qI = a.template take<bf16>(n * cfg.index_n_heads * cfg.index_head_dim);
+    s.wI = a.template take<float>(n * cfg.index_n_heads);
+    s.topk = a.template take<int32_t>(n * cfg.index_topk);
+    s.scores = a.template take<float>(d.scores);
+    s.scores_floats = d.scores;
+    s.win_pos_csa = a.template take<int64_t>(d.max_len / cfg.csa_ratio + 1);
+    s.win_pos_hca = a.template take<int64_t>(d.max_len / cfg.hca_ratio + 1);
+    GpuMoeScratch& m = w.moe;
+    m.logits = a.template take<float>(P * E);
+    m.hash = a.template take<int64_t>(P * K);
+    m.idx = a.template take<int32_t>(P * K);
+    m.weight = a.template take<float>(P * K);
+    m.perm = a.template take<int32_t>(P * K);
+    m.keys = a.template take<int32_t>(P * K);
+    m.ids = a.template take<int32_t>(P * K);
+    m.inv = a.template take<int32_t>(P * K);
+    m.counts = a.template take<int32_t>(E);
+    m.sort_bytes = oc::sort_scratch_bytes(P * K, static_cast<int>(E));
+    m.sort_scratch = a.template take<char>(static_cast<int64_t>(m.sort_bytes));
+    m.xp = a.template take<bf16>(P * K * D);
+    m.sp = a.template take<float>(P * K);
+    m.gu = a.template take<bf16>(P * 2 * width);  // an expert sees each row at most once
+    m.act = a.template take<bf16>(P * width);
+    m.op = a.template take<bf16>(P * K * D);
+    m.acc = a.template take<float>(P * D);
+    w.kv.assign(plan.requests->size(), std::vector<GpuLayerKv>(cfg.n_layers));
+    for (size_t r = 0; r < plan.requests->size(); ++r) {
+        const int64_t len = static_cast<int64_t>((*plan.requests)[r].size());
+        for (int li = 0; li < cfg.n_layers; ++li) {
+            GpuLayerKv& kv = w.kv[r][li];
+            kv.window = a.template take<bf16>(len * cfg.head_dim);
+            const int ratio = cfg.ratio(li);
+            if (ratio > 0) kv.entries = a.template take<bf16>(len / ratio * cfg.head_dim);
+            if (cfg.layer_types[li] == AttnType::CSA)
+                kv.index_keys = a.template take<bf16>(len / ratio * cfg.index_head_dim);
+        }
+    }
+    w.z = a.template take<bf16>(n * D);
+    w.zw = a.template take<bf16>(d.n_wanted * D);
+    w.logits = a.template take<float>(d.logit_rows * cfg.vocab_size);
+    if (opt.record_hidden || opt.record_topk) {
+        const int64_t rw = std::max<int64_t>(hc * D, cfg.index_topk);
+        w.rec_send = a.template take<float>(n * rw);
+        w.rec_recv = a.template take<float>(P * rw);
+    }
+}
+
+}  // namespace
+
+size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
+                       const GpuRunOptions& opt) {
+    CountingArena a;
+    Workspace w;
+    carve(a, w, cfg, plan, cp, width, opt);
+    return a.used;
+}
+
+size_t weight_bytes(const ModelConfig& cfg, int64_t width) {
+    const int64_t D = cfg.d_model, d = cfg.head_dim, Hd = int64_t{cfg.n_heads} * d;
+    const int64_t hc = cfg.hc, E = cfg.n_experts, V = cfg.vocab_size;
+    const int64_t mhc = ((2 + hc) * hc * hc * D + (2 + hc) * hc + 3) * 4;
+    auto comp = [&](int ratio, int64_t dim, bool overlap) {
+        const int64_t wd = (overlap ? 2 : 1) * dim;
+        return 2 * wd * D * 2 + ratio * wd * 4 + dim * 4;
+    };
+    int64_t total = 2 * V * D * 2 + D * 4 + (hc * hc * D + hc + 1) * 4 + cfg.rope_dim * 4;
+    for (int li = 0; li < cfg.n_layers; ++li) {
+        int64_t b = 2 * mhc + 2 * D * 4;
+        b += (cfg.q_rank * D + Hd * cfg.q_rank + d * D) * 2 + (cfg.q_rank + d + cfg.n_heads) * 4;
+        b += (int64_t{cfg.o_groups} * cfg.o_rank * (Hd / cfg.o_groups) +
+              D * cfg.o_groups * cfg.o_rank) * 2;
+        const AttnType t = cfg.layer_types[li];
+        if (t == AttnType::HCA) b += comp(cfg.hca_ratio, d, false);
+        if (t == AttnType::CSA) {
+            const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
+            b += comp(cfg.csa_ratio, d, true) + comp(cfg.csa_ratio, dI, true);
+            b += (nI * dI * cfg.q_rank + nI * D) * 2;
+        }
+        b += E * D * 2;
+        b += cfg.mlp_types[li] == MlpType::Learned ? E * 4 : V * cfg.top_k * 8;
+        b += (E + 1) * 3 * width * D * 2;
+        total += b;
+    }
+    return static_cast<size_t>(total);
+}
+
+namespace {
+
+class Runner {
+  public:
+    Runner(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt, const AbortFlag& flag,
+           std::chrono::milliseconds deadline, PrefillOutput* out)
+        : dev_(dev),
+          W_(*dev.weights),
+          cfg_(W_.cfg),
+          plan_(plan),
+          opt_(opt),
+          out_(out),
+          timer_(opt.phase_timing && dev.rank == 0),
+          dims_(dims_of(cfg_, plan, dev.cp, opt)) {
+        ctx_.stream = dev.compute;
+        ctx_.gemm = dev.gemm.get();
+        ctx_.flag = &flag;
+        ctx_.deadline = deadline;
+        ctx_.timer = &timer_;
+        for (auto& row : ready_)
+            for (auto& e : row) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        for (auto& row : done_)
+            for (auto& e : row) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    ~Runner() {
+        for (auto& row : ready_)
+            for (auto& e : row) cudaEventDestroy(e);
+        for (auto& row : done_)
+            for (auto& e : row) cudaEventDestroy(e);
+    }
+    void run(GpuStats* stats);
+
+  private:
+    void setup();
+    void stage_x(SubState& s, int li);
+    void stage_y(SubState& s, int li);
+    void finish_moe(SubState& s, int li);
+    void head(SubState& s);
+    oc::MhcDeviceParams mhc_params(const GpuMhc& m) const {
+        return {m.fn.as<float>(),   m.base.as<float>(),        m.scale.as<float>(),
+                cfg_.hc,            cfg_.d_model,              cfg_.hc_sinkhorn_iters,
+                float(cfg_.hc_eps), float(cfg_.norm_eps)};
+    }
+    void launch(Slot k, SubState& s, int64_t count, ncclDataType_t type);
+    void finish(Slot k, SubState& s);
+    void record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
+                     bool widen_bf16);
+
+    RankDevice& dev_;
+    const GpuWeights& W_;
+    const ModelConfig& cfg_;
+    const RunPlan& plan_;
+    const GpuRunOptions& opt_;
+    PrefillOutput* out_;
+    PhaseTimer timer_;
+    Dims dims_;
+    GpuCtx ctx_;
+    Workspace ws_;
+    std::array<std::array<cudaEvent_t, 2>, kSlots> ready_{}, done_{};
+};
+
+void Runner::setup() {
+    const int C = dev_.cp, r = dev_.rank;
+    const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_);
+    if (!dev_.arena || dev_.arena->capacity() < need) {
+        dev_.arena.reset();
+        dev_.arena = std::make_unique<Arena>(need);
+        // Zeroed once, so that a timing-only run without collectives never reads garbage.
+        CPFILL_CUDA_CHECK(cudaMemsetAsync(dev_.arena->base(), 0, need, dev_.compute));
+    }
+    dev_.arena->reset();
+    carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_);
+    const cudaStream_t st = dev_.compute;
+    const int64_t D = cfg_.d_model;
+    for (size_t i = 0; i < plan_.subs.size(); ++i) {
+        SubState& s = ws_.subs[i];
+        s.index = static_cast<int>(i);
+        s.row_offset = plan_.row_offset[i];
+        s.batch = &plan_.subs[i];
+        s.layout = make_layout(*s.batch, C);
+        s.rows = s.layout.local_rows(*s.batch, r);
+        s.n = s.layout.local();
+        s.padded = s.layout.padded;
+        const std::vector<int32_t> rm = s.layout.rank_major_tokens(*s.batch);
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.pos, s.rows.pos.data(), s.n * 8,
+                                          cudaMemcpyHostToDevice, st));
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.tokens_rm, rm.data(), s.padded * 4,
+                                          cudaMemcpyHostToDevice, st));
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.tokens_local, s.rows.tokens.data(), s.n * 4,
+                                          cudaMemcpyHostToDevice, st));
+        s.grows.n = s.n;
+        s.grows.pos = s.pos;
+        for (int64_t t = 0; t < s.n; ++t) {
+            if (!s.rows.valid[t]) continue;
+            auto& segs = s.grows.segments;
+            if (segs.empty() || segs.back().request != s.rows.request[t] || segs.back().end != t)
+                segs.push_back({s.rows.request[t], t, t + 1});
+            else
+                segs.back().end = t + 1;
+        }
+        oc::embed_streams(W_.embed.as<bf16>(), s.tokens_local, s.n, D, cfg_.hc, s.h, st);
+    }
+    const int64_t max_len = dims_.max_len;
+    oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_csa), max_len / cfg_.csa_ratio + 1,
+                 cfg_.csa_ratio, st);
+    oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_hca), max_len / cfg_.hca_ratio + 1,
+                 cfg_.hca_ratio, st);
+    ws_.moe.host_counts = dev_.host_counts;
+}
+
+void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
+    if (opt_.no_comm) return;
+    const void* send = s.send[k];
+    void* recv = s.recv[k];
+    const bool scatter = k == kScatter;
+    if (!plan_.tbo) {
+        ctx_.phase(Phase::Collectives);
+        if (scatter)
+            dev_.cp_comm->reduce_scatter(send, recv, count, type, dev_.compute);
+        else
+            dev_.cp_comm->all_gather(send, recv, count, type, dev_.compute);
+        return;
+    }
+    CPFILL_CUDA_CHECK(cudaEventRecord(ready_[k][s.index], dev_.compute));
+    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.comm, ready_[k][s.index], 0));
+    if (scatter)
+        dev_.overlap->reduce_scatter(send, recv, count, type, dev_.comm);
+    else
+        dev_.overlap->all_gather(send, recv, count, type, dev_.comm);
+    CPFILL_CUDA_CHECK(cudaEventRecord(done_[k][s.index], dev_.comm));
+}
+
+void Runner::finish(Slot k, SubState& s) {
+    if (opt_.no_comm || !plan_.tbo) return;
+    ctx_.phase(Phase::Collectives);
+    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.compute, done_[k][s.index], 0));
+}
+
+// X: [finish the previous layer's MoE] → attention → launch the MoE-input all-gather.
+void Runner::stage_x(SubState& s, int li) {
+    const GpuLayer& L = W_.layers[li];
+    const cudaStream_t st = dev_.compute;
+    const int64_t n = s.n, D = cfg_.d_model;
+    const float eps = float(cfg_.norm_eps);
+
+    if (li > 0) finish_moe(s, li - 1);
+    ctx_.phase(Phase::Other);
+    oc::mhc_pre(mhc_params(L.hc_attn), s.h, n, ws_.post_attn, ws_.comb_attn, ws_.x, st);
+    oc::rmsnorm(ws_.x, n, D, L.attn_norm.as<float>(), eps, ws_.x, st);
+    const int64_t width = packed_width(cfg_, L.type);
+    gpu_attn_pack(ctx_, W_, L, s.grows, ws_.x, s.send[kAttn], ws_.attn);
+    launch(kAttn, s, n * width, ncclBfloat16);
+    gpu_attn_queries(ctx_, W_, L, s.grows, ws_.x, ws_.attn);
+    finish(kAttn, s);
+    ctx_.phase(Phase::Attention);
+    bf16* stage = ws_.staging + s.row_offset * dims_.w_max;
+    oc::rerange_rows(s.recv[kAttn], dev_.cp, n, width * 2, s.layout.n_tokens, stage,
+                     dims_.w_max * 2, st);
+    for (const Segment& seg : s.batch->segments) {
+        const bf16* req_rows = stage + (seg.row0 - seg.pos0) * dims_.w_max;
+        gpu_kv_append(ctx_, W_, L, req_rows, dims_.w_max, seg.pos0, seg.len,
+                      ws_.kv[seg.request][li], ws_.attn);
+    }
+    gpu_attn_output(ctx_, W_, L, li, s.grows, ws_.kv, ws_.attn, ws_.attn_out);
+    if (opt_.record_topk && L.type == AttnType::CSA)
+        record_rows(s, ws_.attn.topk, cfg_.index_topk, 4, out_ ? &out_->topk[li] : nullptr,
+                    false);
+    ctx_.phase(Phase::Other);
+    oc::mhc_post(ws_.post_attn, ws_.comb_attn, ws_.attn_out, cfg_.hc, D, n, s.h, st);
+    oc::mhc_pre(mhc_params(L.hc_ffn), s.h, n, s.post, s.comb, ws_.x, st);
+    oc::rmsnorm(ws_.x, n, D, L.ffn_norm.as<float>(), eps, s.send[kMoeGather], st);
+    launch(kMoeGather, s, n * D, ncclBfloat16);
+}
+
+// Y: wait for the MoE input of all rows → this rank's expert slices → launch the reduce-scatter.
+void Runner::stage_y(SubState& s, int li) {
+    finish(kMoeGather, s);
+    gpu_moe_forward(ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.tokens_rm, s.padded, ws_.moe,
+                    s.send[kScatter]);
+    launch(kScatter, s, s.n * cfg_.d_model, ncclBfloat16);
+}
+
+void Runner::finish_moe(SubState& s, int li) {
+    finish(kScatter, s);
+    ctx_.phase(Phase::Other);
+    oc::mhc_post(s.post, s.comb, s.recv[kScatter], cfg_.hc, cfg_.d_model, s.n, s.h, dev_.compute);
+    if (opt_.record_hidden)
+        record_rows(s, s.h, int64_t{cfg_.hc} * cfg_.d_model, 4,
+                    out_ ? &out_->hidden[li + 1] : nullptr, false);
+}
+
+// All-gathers a per-local-row device tensor [n, width] of `elem`-byte values; rank 0 copies the
+// rows in batch order into dst (f32 or i32 [T, …]) at the sub-batch's offset (bf16 widened).
+void Runner::record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
+                         bool widen_bf16) {
+    const cudaStream_t st = dev_.compute;
+    const int64_t n = s.n, bytes = width * static_cast<int64_t>(elem);
+    ctx_.phase(Phase::Other);
+    CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.rec_send, local, n * bytes, cudaMemcpyDeviceToDevice, st));
+    if (!opt_.no_comm)
+        dev_.cp_comm->all_gather(ws_.rec_send, ws_.rec_recv, n * bytes, ncclInt8, st);
+    if (dev_.rank != 0 || dst == nullptr) return;
+    std::vector<char> host(s.padded * bytes);
+    CPFILL_CUDA_CHECK(cudaMemcpyAsync(host.data(), ws_.rec_recv, host.size(),
+                                      cudaMemcpyDeviceToHost, st));
+    wait_stream(st, *ctx_.flag, ctx_.deadline, "recording a hidden state");
+    const int C = dev_.cp;
+    const int64_t out_elem = widen_bf16 ? 4 : static_cast<int64_t>(elem);
+    char* base = static_cast<char*>(dst->raw_mut()) + s.row_offset * width * out_elem;
+    for (int64_t t = 0; t < s.layout.n_tokens; ++t) {
+        const char* src = host.data() + ((t % C) * n + t / C) * bytes;
+        if (!widen_bf16) {
+            std::memcpy(base + t * bytes, src, bytes);
+            continue;
+        }
+        float* o = reinterpret_cast<float*>(base) + t * width;
+        const uint16_t* b = reinterpret_cast<const uint16_t*>(src);
+        for (int64_t c = 0; c < width; ++c) o[c] = cpfill::bf16_to_f32(b[c]);
+    }
+}
+
+void Runner::head(SubState& s) {
+    const cudaStream_t st = dev_.compute;
+    const int64_t n = s.n, D = cfg_.d_model, V = cfg_.vocab_size;
+    const int C = dev_.cp, r = dev_.rank;
+    ctx_.phase(Phase::Other);
+    oc::mhc_head(W_.hc_head_fn.as<float>(), W_.hc_head_base.as<float>(),
+                 W_.hc_head_scale.as<float>(), cfg_.hc, D, float(cfg_.hc_eps),
+                 float(cfg_.norm_eps), s.h, n, ws_.z, st);
+    oc::rmsnorm(ws_.z, n, D, W_.norm.as<float>(), float(cfg_.norm_eps), ws_.z, st);
+    if (opt_.record_hidden)
+        record_rows(s, ws_.z, D, 2, out_ ? &out_->hidden.back() : nullptr, true);
+    // Wanted rows (sub-batch rows) and where their logits go: (request, row of its tensor).
+    struct Want {
+        int64_t row;
+        int request;
+        int64_t out_row;
+    };
+    std::vector<Want> wants;
+    for (const Segment& seg : s.batch->segments) {
+        const int64_t len = static_cast<int64_t>((*plan_.requests)[seg.request].size());
+        if (opt_.all_logits) {
+            for (int64_t i = 0; i < seg.len; ++i)
+                wants.push_back({seg.row0 + i, seg.request, seg.pos0 + i});
+        } else if (seg.pos0 + seg.len == len) {
+            wants.push_back({seg.row0 + seg.len - 1, seg.request, 0});
+        }
+    }
+    const int64_t nw = static_cast<int64_t>(wants.size());
+    if (nw == 0) return;
+    CPFILL_CUDA_CHECK(cudaMemsetAsync(ws_.zw, 0, nw * D * sizeof(bf16), st));
+    for (int64_t i = 0; i < nw; ++i) {
+        const int64_t g = wants[i].row;
+        if (g % C != r) continue;
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.zw + i * D, ws_.z + (g / C) * D, D * sizeof(bf16),
+                                          cudaMemcpyDeviceToDevice, st));
+    }
+    if (!opt_.no_comm && C > 1) dev_.cp_comm->all_reduce(ws_.zw, ws_.zw, nw * D, ncclBfloat16, st);
+    if (r != 0) return;
+    const int64_t chunk = dims_.logit_rows;
+    std::vector<float> host(chunk * V);
+    for (int64_t i0 = 0; i0 < nw; i0 += chunk) {
+        const int64_t m = std::min(chunk, nw - i0);
+        oc::linear_bf16(*dev_.gemm, ws_.zw + i0 * D, m, D, W_.head.as<bf16>(), V, nullptr,
+                        ws_.logits, false, st);
+        if (!out_) continue;
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(host.data(), ws_.logits, m * V * sizeof(float),
+                                          cudaMemcpyDeviceToHost, st));
+        wait_stream(st, *ctx_.flag, ctx_.deadline, "downloading logits");
+        for (int64_t i = 0; i < m; ++i) {
+            const Want& w = wants[i0 + i];
+            float* dst = out_->logits[w.request].f32() + w.out_row * V;
+            std::memcpy(dst, host.data() + i * V, V * sizeof(float));
+        }
+    }
+}
+
+void Runner::run(GpuStats* stats) {
+    setup();
+    std::vector<SubState>& subs = ws_.subs;
+    if (opt_.record_hidden)
+        for (SubState& s : subs)
+            record_rows(s, s.h, int64_t{cfg_.hc} * cfg_.d_model, 4,
+                        out_ ? &out_->hidden[0] : nullptr, false);
+    for (int li = 0; li < cfg_.n_layers; ++li) {
+        timer_.mark_layer(dev_.compute);
+        for (SubState& s : subs) stage_x(s, li);
+        for (SubState& s : subs) stage_y(s, li);
+    }
+    for (SubState& s : subs) finish_moe(s, cfg_.n_layers - 1);
+    timer_.mark_layer(dev_.compute);
+    for (SubState& s : subs) head(s);
+    timer_.end(dev_.compute);
+    wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "the prefill");
+    wait_stream(dev_.comm, *ctx_.flag, ctx_.deadline, "the comm stream");
+    if (stats && timer_.enabled()) {
+        const std::vector<double> p = timer_.phase_seconds();
+        stats->phases.attention = p[static_cast<int>(Phase::Attention)];
+        stats->phases.indexer = p[static_cast<int>(Phase::Indexer)];
+        stats->phases.compressor = p[static_cast<int>(Phase::Compressor)];
+        stats->phases.moe = p[static_cast<int>(Phase::Moe)];
+        stats->phases.collectives = p[static_cast<int>(Phase::Collectives)];
+        stats->phases.other = p[static_cast<int>(Phase::Other)];
+        stats->layer_seconds = timer_.layer_seconds();  // marks before each layer and the head
+    }
+}
+
+}  // namespace
+
+void run_rank(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt,
+              const AbortFlag& flag, std::chrono::milliseconds deadline, PrefillOutput* out,
+              GpuStats* stats) {
+    Runner runner(dev, plan, opt, flag, deadline, out);
+    runner.run(stats);
+}
+
+}  // namespace cpfill::cuda

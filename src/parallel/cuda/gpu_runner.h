@@ -1,0 +1,57 @@
+// One CP rank of the GPU prefill (the CUDA twin of cp_prefill.cpp's RankRunner): the rank's
+// persistent device state (streams, communicators, cuBLASLt context, weights, workspace arena)
+// and one run over a batch — sub-batches with their own round-robin layouts, the stages X
+// (attention, launch the MoE-input all-gather) and Y (MoE, launch the reduce-scatter) in the TBO
+// order X(a) X(b) Y(a) Y(b), split-phase collectives on the comm stream, and the head.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "model/batch.h"
+#include "model/cuda/gpu_context.h"
+#include "model/cuda/gpu_weights.h"
+#include "parallel/gpu_prefill.h"
+#include "runtime/cuda/arena.h"
+#include "runtime/cuda/nccl_comm.h"
+
+namespace cpfill::cuda {
+
+struct RankDevice {
+    int rank = 0, cp = 1, device = 0;
+    cudaStream_t compute = nullptr, comm = nullptr;
+    std::unique_ptr<NcclComm> cp_comm, overlap;  // driven from compute / comm only
+    std::unique_ptr<ops::cuda::GemmContext> gemm;
+    std::unique_ptr<GpuWeights> weights;
+    std::unique_ptr<Arena> arena;  // kept between runs; regrown when a run needs more
+    int32_t* host_counts = nullptr;  // pinned [n_experts]
+    void alloc_host_counts(int n_experts);
+    ~RankDevice();
+};
+
+// Everything one run needs to know besides the weights: the requests and the schedule.
+struct RunPlan {
+    std::vector<std::vector<int32_t>> const* requests = nullptr;
+    Batch batch;                 // the whole batch (no chunking on the GPU)
+    bool tbo = false;
+    std::vector<Batch> subs;     // 1 or 2 sub-batches
+    std::vector<int64_t> row_offset;  // first row of each sub-batch in the batch
+};
+RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
+                      int cp, TboMode tbo);
+
+// Device bytes of the workspace a run of `plan` needs on one rank (the arena's size).
+size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
+                       const GpuRunOptions& opt);
+// Device bytes of one rank's weights (GpuWeights of expert slice width `width`).
+size_t weight_bytes(const ModelConfig& cfg, int64_t width);
+
+// Runs the plan on this rank (its device current). rank 0 fills `out` (may be null elsewhere);
+// stats are rank 0's.
+void run_rank(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt,
+              const AbortFlag& flag, std::chrono::milliseconds deadline, PrefillOutput* out,
+              GpuStats* stats);
+
+}  // namespace cpfill::cuda

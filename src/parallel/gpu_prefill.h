@@ -1,0 +1,117 @@
+// The context-parallel prefill on GPUs (design.md §4–§5), CUDA backend: a GpuGroup is one CP group
+// of C ranks, one GPU each, joined by NCCL. This process drives some of them (all of them, one
+// thread per GPU, in the threaded mode; one under `mpirun`). Each rank holds all attention weights
+// and a 1/C slice of every expert as bf16 on its GPU, and runs the same plan as the CPU backend
+// (cp_prefill.h): per layer an all-gather of the packed attention inputs, an all-gather of the MoE
+// input and a reduce-scatter of the MoE partial sums, with two-batch overlap on a comm stream.
+//
+// No CUDA types in this header: the CPU-only build compiles it and its stub throws.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/weights.h"
+#include "parallel/cp_prefill.h"
+
+namespace cpfill {
+
+using NcclId = std::array<char, 128>;  // ncclUniqueId's bytes
+
+struct GpuGroupOptions {
+    int cp = 1;                    // C: ranks in the group
+    std::vector<int> local_ranks;  // ranks this process drives (empty: all, threaded mode)
+    std::vector<int> devices;      // CUDA device of each local rank (empty: local rank index)
+    NcclId nccl_id{};              // shared by all processes (ignored in the threaded mode)
+    std::chrono::milliseconds deadline{600000};  // longest host wait before an error
+};
+
+struct GpuRunOptions {
+    TboMode tbo = TboMode::Off;
+    bool all_logits = false;
+    bool record_hidden = false;  // as PrefillOptions (rank 0's output)
+    bool record_topk = false;
+    // Timing only: every collective is skipped and its receive buffer left as it is, so the
+    // result is WRONG; used to measure exposed communication (performance.md).
+    bool no_comm = false;
+    bool phase_timing = false;  // CUDA events around each phase on rank 0 (GpuStats::phases)
+};
+
+// Seconds on rank 0's GPU, from CUDA events. Phases partition the layer loop's compute stream:
+// attention = projections, the KV-store update and the core attention; indexer = indexer scoring
+// and top-k; compressor = pooling of compressed entries; moe = router, permutation and expert
+// GEMMs; collectives = waits of the compute stream on gathers and scatters (the exposed part);
+// other = mHC, norms, embedding and head.
+struct GpuPhases {
+    double attention = 0, indexer = 0, compressor = 0, moe = 0, collectives = 0, other = 0;
+};
+
+struct GpuStats {
+    double seconds = 0;                // wall clock of the prefill on the host (all ranks done)
+    std::vector<double> layer_seconds;  // per layer (rank 0, CUDA events; with phase_timing)
+    GpuPhases phases;                   // with phase_timing
+    size_t peak_bytes = 0;              // the largest per-GPU device memory in use
+    size_t weight_bytes = 0;            // per-GPU bytes of weights (largest rank)
+    bool tbo_used = false;
+    int64_t n_tokens = 0;
+};
+
+// What one GPU needs for a prefill of `n_tokens` (one batch) on C ranks: the weights of one rank
+// and the planned workspace (activations, KV store, collective buffers), in bytes.
+struct GpuMemoryPlan {
+    size_t weights = 0;
+    size_t workspace = 0;
+    size_t total() const { return weights + workspace; }
+};
+GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
+                              bool tbo, bool all_logits);
+
+// Ceilings measured on this machine (performance.md): bf16 GEMM 8192³ through cuBLASLt,
+// device-to-device copy (read + write bytes / s) and, with ≥ 2 GPUs, NCCL all-gather bus bandwidth
+// at 1 GiB on min(devices, 2) GPUs (0 with one GPU).
+struct GpuCeilings {
+    double gemm_tflops = 0;
+    double hbm_gbps = 0;
+    double allgather_busbw_gbps = 0;
+    int allgather_gpus = 0;
+};
+GpuCeilings measure_gpu_ceilings();
+
+class GpuGroup {
+  public:
+    // Joins the group (a collective call across processes: every process of the group calls it).
+    // Checks that the devices exist; initialises NCCL and its duplicate communicator.
+    explicit GpuGroup(const GpuGroupOptions& opt);
+    ~GpuGroup();
+    GpuGroup(const GpuGroup&) = delete;
+    GpuGroup& operator=(const GpuGroup&) = delete;
+
+    // A fresh NCCL unique id (to broadcast to the other processes before they construct).
+    static NcclId new_nccl_id();
+
+    int cp() const;
+    const std::vector<int>& local_ranks() const;
+
+    // Uploads weights: rank_weights[i] is local rank i's host view (expert slice {rank, C}).
+    void load(const std::vector<const ModelWeights*>& rank_weights);
+    // Random bf16 weights generated on each GPU (benchmarks: nothing to read or upload): scaled
+    // like random_checkpoint (io/random_checkpoint.h), expert slices of the rank's part.
+    void randomize(const ModelConfig& cfg, uint64_t seed);
+
+    // Runs the prefill. Rank 0's process gets logits and records; other processes get an output
+    // with empty logits. Throws the first local error; peers are aborted, never left hanging.
+    PrefillOutput run(const std::vector<std::vector<int32_t>>& requests, const GpuRunOptions& opt,
+                      GpuStats* stats = nullptr);
+
+    struct Impl;
+
+  private:
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cpfill

@@ -1,0 +1,35 @@
+// wait_stream: an event recorded on the stream, polled with a short sleep.
+#include <thread>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/host_wait.h"
+
+namespace cpfill::cuda {
+
+void wait_stream(cudaStream_t stream, const AbortFlag& flag, std::chrono::milliseconds deadline,
+                 const std::string& what) {
+    cudaEvent_t ev = nullptr;
+    CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    struct Guard {
+        cudaEvent_t e;
+        ~Guard() { cudaEventDestroy(e); }
+    } guard{ev};
+    CPFILL_CUDA_CHECK(cudaEventRecord(ev, stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto sleep = std::chrono::microseconds(5);
+    for (;;) {
+        cudaError_t st = cudaEventQuery(ev);
+        if (st == cudaSuccess) return;
+        if (st != cudaErrorNotReady)
+            CPFILL_FAIL("{}: CUDA error {} ({})", what, cudaGetErrorName(st),
+                        cudaGetErrorString(st));
+        if (flag.raised()) CPFILL_FAIL("{}: stopped because {}", what, flag.why());
+        if (std::chrono::steady_clock::now() - t0 > deadline)
+            CPFILL_FAIL("{}: no progress within {} ms (a peer rank stalled or died?)", what,
+                        deadline.count());
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::microseconds(200));
+    }
+}
+
+}  // namespace cpfill::cuda

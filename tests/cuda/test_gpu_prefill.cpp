@@ -1,0 +1,215 @@
+// The whole prefill on GPUs (GpuGroup) against HF float32 fixtures and the CPU backend: per-layer
+// residual streams, logits (≤ 2e-2 relative, design.md §3), the same argmax, the indexer's
+// selections; CP = 2 over NCCL equal to CP = 1, TBO on equal to off; bad input and out-of-memory
+// errors before any work. Skips without a GPU (and the CP = 2 tests without two).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "../golden/golden_util.h"
+#include "cuda_test_util.h"
+#include "engine/prefill_engine.h"
+#include "io/checkpoint.h"
+#include "io/presets.h"
+#include "io/safetensors.h"
+#include "model/batch.h"
+#include "parallel/gpu_prefill.h"
+
+namespace cpfill {
+namespace {
+
+using testing::close;
+using testing::golden_fixtures;
+
+// bf16 weights and activations against fp32 (design.md §3).
+constexpr double kTolerance = 2e-2;
+
+struct Fixture {
+    std::string dir;
+    ModelConfig cfg;
+    std::vector<ModelWeights> ranks;
+    std::unique_ptr<SafetensorsFile> ref;
+    std::vector<std::vector<int32_t>> requests;
+    std::string suffix(int r) const {
+        return requests.size() > 1 ? fmt::format("_{}", r) : std::string();
+    }
+};
+
+Fixture load_fixture(const std::string& dir, int cp) {
+    Fixture f;
+    f.dir = dir;
+    Checkpoint ck(dir);
+    f.cfg = ck.config();
+    f.ranks = load_rank_weights(ck, cp, LoadOptions{});
+    f.ref = std::make_unique<SafetensorsFile>(dir + "/reference.safetensors");
+    auto ids = [](const Tensor& t) {
+        std::vector<int32_t> out;
+        for (int64_t i = 0; i < t.numel(); ++i) out.push_back(int32_t(t.data<int64_t>()[i]));
+        return out;
+    };
+    if (f.ref->has("input_ids"))
+        f.requests.push_back(ids(f.ref->get("input_ids")));
+    else
+        for (int r = 0; f.ref->has(fmt::format("input_ids_{}", r)); ++r)
+            f.requests.push_back(ids(f.ref->get(fmt::format("input_ids_{}", r))));
+    return f;
+}
+
+PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records) {
+    GpuGroupOptions go;
+    go.cp = cp;
+    GpuGroup g(go);
+    std::vector<const ModelWeights*> views;
+    for (auto& w : f.ranks) views.push_back(&w);
+    g.load(views);
+    GpuRunOptions o;
+    o.tbo = tbo;
+    o.all_logits = true;
+    o.record_hidden = o.record_topk = records;
+    return g.run(f.requests, o);
+}
+
+Tensor rows_of(const Tensor& t, int64_t row0, int64_t rows) {
+    Shape s = t.shape();
+    const int64_t row = t.numel() / s[0];
+    s[0] = rows;
+    Tensor out = Tensor::empty(DType::F32, s);
+    std::copy(t.f32() + row0 * row, t.f32() + (row0 + rows) * row, out.f32());
+    return out;
+}
+
+int32_t last_argmax(const Tensor& logits) {
+    const int64_t V = logits.dim(logits.ndim() - 1);
+    const int64_t rows = logits.numel() / V;
+    return argmax(logits.f32() + (rows - 1) * V, V);
+}
+
+class GpuGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuGolden, MatchesHfLayerByLayer) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    Fixture f = load_fixture(GetParam(), 1);
+    PrefillOutput out = run_gpu(f, 1, TboMode::Off, true);
+    const Batch batch = make_batch(f.requests, f.cfg.vocab_size);
+    double worst = 0;
+    for (size_t r = 0; r < f.requests.size(); ++r) {
+        const std::string sfx = f.suffix(static_cast<int>(r));
+        const int64_t row0 = batch.segments[r].row0, len = batch.segments[r].len;
+        for (int i = 0; i <= f.cfg.n_layers; ++i) {
+            const Tensor& mine = out.hidden[i == f.cfg.n_layers ? f.cfg.n_layers + 1 : i];
+            testing::Diff d;
+            ASSERT_TRUE(close(fmt::format("{} hidden_states_{}{} (first diverging layer)", f.dir,
+                                          i, sfx),
+                              rows_of(mine, row0, len),
+                              f.ref->get(fmt::format("hidden_states_{}{}", i, sfx)), kTolerance,
+                              &d));
+            worst = std::max(worst, d.rel);
+        }
+        testing::Diff d;
+        EXPECT_TRUE(close(f.dir + " logits" + sfx, out.logits[r], f.ref->get("logits" + sfx),
+                          kTolerance, &d));
+        worst = std::max(worst, d.rel);
+        EXPECT_EQ(last_argmax(out.logits[r]), last_argmax(f.ref->get("logits" + sfx)));
+        // Indexer selections as sets; bf16 scores may flip a near-tie (design.md §3): ≤ 2%.
+        for (int li = 0; li < f.cfg.n_layers; ++li) {
+            if (f.cfg.layer_types[li] != AttnType::CSA) continue;
+            Tensor ref = f.ref->get(fmt::format("indexer_topk_{}{}", li, sfx));
+            const Tensor& mine = out.topk[li];
+            const int64_t kr = ref.dim(1), km = mine.dim(1);
+            int64_t differ = 0;
+            for (int64_t t = 0; t < len; ++t) {
+                std::set<int64_t> a, b;
+                for (int64_t j = 0; j < kr; ++j)
+                    if (ref.data<int64_t>()[t * kr + j] >= 0) a.insert(ref.data<int64_t>()[t * kr + j]);
+                for (int64_t j = 0; j < km; ++j)
+                    if (mine.data<int32_t>()[(row0 + t) * km + j] >= 0)
+                        b.insert(mine.data<int32_t>()[(row0 + t) * km + j]);
+                differ += a != b;
+            }
+            EXPECT_LE(differ, len / 50) << "layer " << li << ": " << differ << " of " << len
+                                        << " queries select different entries";
+        }
+    }
+    std::printf("[ gpu golden ] %s: worst relative error %.3g over hidden states and logits\n",
+                f.dir.c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGolden, ::testing::ValuesIn(golden_fixtures()),
+                         [](const auto& info) {
+                             std::string n = info.param.substr(info.param.rfind('/') + 1);
+                             for (char& c : n)
+                                 if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                             return n;
+                         });
+
+void expect_same(const PrefillOutput& a, const PrefillOutput& b, const std::string& what) {
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t r = 0; r < a.logits.size(); ++r) {
+        EXPECT_TRUE(close(fmt::format("{} request {}", what, r), a.logits[r], b.logits[r],
+                          kTolerance));
+        EXPECT_EQ(last_argmax(a.logits[r]), last_argmax(b.logits[r])) << what << " request " << r;
+    }
+}
+
+TEST(GpuPrefill, TboOnEqualsOff) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    for (const std::string& dir : golden_fixtures()) {
+        Fixture f = load_fixture(dir, 1);
+        expect_same(run_gpu(f, 1, TboMode::On, false), run_gpu(f, 1, TboMode::Off, false),
+                    dir + " CP=1 TBO on vs off");
+    }
+}
+
+TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
+    for (const std::string& dir : golden_fixtures()) {
+        Fixture f1 = load_fixture(dir, 1), f2 = load_fixture(dir, 2);
+        const PrefillOutput one = run_gpu(f1, 1, TboMode::Off, false);
+        expect_same(run_gpu(f2, 2, TboMode::Off, false), one, dir + " CP=2 vs CP=1");
+        expect_same(run_gpu(f2, 2, TboMode::On, false), one, dir + " CP=2 + TBO vs CP=1");
+    }
+}
+
+TEST(GpuPrefill, TokenOutsideVocabIsAnError) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    Fixture f = load_fixture(golden_fixtures()[0], 1);
+    f.requests = {{1, 2, static_cast<int32_t>(f.cfg.vocab_size)}};
+    try {
+        run_gpu(f, 1, TboMode::Off, false);
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("vocab"), std::string::npos) << e.what();
+    }
+}
+
+TEST(GpuPrefill, OutOfMemoryIsAnErrorBeforeAnyWork) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const ModelConfig cfg = preset_config("flash-slice");
+    GpuGroupOptions go;
+    GpuGroup g(go);
+    g.randomize(cfg, 1);
+    const size_t free_b = cuda_device_info(0).free_bytes;
+    int64_t n = 65536;
+    while (plan_gpu_memory(cfg, n, 1, 1, false, false).workspace < free_b) n *= 2;
+    std::vector<std::vector<int32_t>> req(1, std::vector<int32_t>(n, 7));
+    try {
+        g.run(req, GpuRunOptions{});
+        FAIL() << "expected out of GPU memory for " << n << " tokens";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("out of GPU memory"), std::string::npos) << m;
+        EXPECT_NE(m.find("--cp"), std::string::npos) << m;
+    }
+    // The group still works after the refusal.
+    std::vector<std::vector<int32_t>> small(1, std::vector<int32_t>(300, 7));
+    GpuStats st;
+    PrefillOutput out = g.run(small, GpuRunOptions{}, &st);
+    ASSERT_EQ(out.logits.size(), 1u);
+    const float* l = out.logits[0].f32();
+    for (int64_t i = 0; i < cfg.vocab_size; ++i) ASSERT_TRUE(std::isfinite(l[i])) << i;
+}
+
+}  // namespace
+}  // namespace cpfill
