@@ -41,7 +41,7 @@ void attention(const AttnArgs& a, cudaStream_t stream);
 
 // The same on tensor cores (mma.sync bf16 → fp32; attention_tc.cu): one block per (query, group of
 // up to 64 heads), P rounded to bf16 for P·V. Any n_heads (groups of 16, 32 or 64, padded); q,
-// window, entries and out 16-byte aligned; sm_80 or newer. ~209 KB of shared memory per block.
+// window, entries and out 16-byte aligned; Hopper (207 KiB of shared memory per block).
 void attention_tc(const AttnArgs& a, cudaStream_t stream);
 
 // FLOPs the kernel spends (2 per multiply-add, logits and P·V) for queries at these host-side
