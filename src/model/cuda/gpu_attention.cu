@@ -176,7 +176,7 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         a.sinks = L.sink.as<float>();
         a.scale = 1.0f / std::sqrt(float(d));
         a.out = s.o + b * Hd;
-        oc::attention(a, c.stream);
+        oc::attention_tc(a, c.stream);
     }
     c.phase(Phase::Attention);
     oc::apply_rope(s.o, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, true, c.stream);

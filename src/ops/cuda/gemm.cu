@@ -12,13 +12,19 @@ GemmContext::GemmContext() {
 }
 
 GemmContext::~GemmContext() {
+    for (auto& [key, p] : plans_) {
+        cublasLtMatrixLayoutDestroy(p.la);
+        cublasLtMatrixLayoutDestroy(p.lb);
+        cublasLtMatrixLayoutDestroy(p.lc);
+        cublasLtMatmulDescDestroy(p.desc);
+    }
     if (workspace_) cudaFree(workspace_);
     if (handle_) cublasLtDestroy(handle_);
 }
 
 namespace {
 
-// The descriptors of one GEMM, destroyed on scope exit (also when a check throws).
+// The descriptors of one GEMM, destroyed on scope exit unless released into the plan cache.
 struct Descs {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -27,6 +33,12 @@ struct Descs {
         if (lb) cublasLtMatrixLayoutDestroy(lb);
         if (lc) cublasLtMatrixLayoutDestroy(lc);
         if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+    GemmContext::Plan release(cublasLtMatmulAlgo_t algo) {
+        GemmContext::Plan p{desc, la, lb, lc, algo};
+        desc = nullptr;
+        la = lb = lc = nullptr;
+        return p;
     }
 };
 
@@ -70,27 +82,30 @@ void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n,
     CPFILL_CHECK(ldx >= in && ldy >= out, "gemm_bf16: strides {}, {} below widths {}, {}", ldx,
                  ldy, in, out);
     if (n == 0 || out == 0) return;
-    const cudaDataType_t out_type = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    Descs d;
-    CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CPFILL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    CPFILL_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, CUDA_R_16BF, in, out, in));
-    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_16BF, in, n, ldx));
-    CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
     void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
     const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
     const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
     const GemmContext::Key key{n, in, out, ldx, ldy, y_f32 != nullptr, accumulate, align_key};
-    auto it = ctx.algos().find(key);
-    if (it == ctx.algos().end())
-        it = ctx.algos().emplace(key, pick_algo(ctx, d, n, in, out, align)).first;
+    auto it = ctx.plans().find(key);
+    if (it == ctx.plans().end()) {
+        const cudaDataType_t out_type = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        Descs d;
+        CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        CPFILL_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+        CPFILL_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, CUDA_R_16BF, in, out, in));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_16BF, in, n, ldx));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
+        const cublasLtMatmulAlgo_t algo = pick_algo(ctx, d, n, in, out, align);
+        it = ctx.plans().emplace(key, d.release(algo)).first;
+    }
+    const GemmContext::Plan& p = it->second;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), d.desc, &alpha, w, d.la, x, d.lb, &beta, y,
-                                       d.lc, y, d.lc, &it->second, ctx.workspace(),
+    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y,
+                                       p.lc, y, p.lc, &p.algo, ctx.workspace(),
                                        ctx.workspace_bytes(), stream));
 }
 

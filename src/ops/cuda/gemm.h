@@ -22,13 +22,19 @@ class GemmContext {
     cublasLtHandle_t handle() const { return handle_; }
     void* workspace() const { return workspace_; }
     size_t workspace_bytes() const { return workspace_bytes_; }
-    // cuBLASLt's heuristic choice per problem (n, in, out, ldx, ldy, fp32 out, accumulate, pointer
-    // alignments), so a repeated shape costs no heuristic query.
+    // The descriptors and cuBLASLt's heuristic choice per problem (n, in, out, ldx, ldy, fp32
+    // out, accumulate, pointer alignments), made once: a repeated shape (every layer, every
+    // expert of the same row count) costs only the cublasLtMatmul call on the host.
     using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int>;
-    std::map<Key, cublasLtMatmulAlgo_t>& algos() { return algos_; }
+    struct Plan {
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+        cublasLtMatmulAlgo_t algo{};
+    };
+    std::map<Key, Plan>& plans() { return plans_; }
 
   private:
-    std::map<Key, cublasLtMatmulAlgo_t> algos_;
+    std::map<Key, Plan> plans_;
     cublasLtHandle_t handle_ = nullptr;
     void* workspace_ = nullptr;
     size_t workspace_bytes_ = 32u << 20;
