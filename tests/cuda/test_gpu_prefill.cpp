@@ -6,9 +6,9 @@
 // How "relative error" is measured here (docs/numerics.md): the fixtures' router top-k margins are
 // 4e-5 … 1e-3 relative (scripts/reference keeps them above 2e-5 for fp32), far below bf16's
 // resolution (≈ 4e-3), so a bf16 forward legitimately routes a few tokens to another expert,
-// and those tokens' rows differ by O(1). So a tensor passes when its Frobenius-relative error
-// ‖a − b‖ / ‖b‖ is ≤ 2e-2 AND at most 5% of its token rows have a max-abs error above 2e-2 of
-// the tensor's max-abs value; the count of such rows is printed.
+// and those tokens' rows differ by O(1). So a tensor passes when at most 5% of its token rows have
+// a max-abs error above 2e-2 of the tensor's max-abs value (flipped rows) AND the other rows'
+// Frobenius-relative error ‖a − b‖ / ‖b‖ is ≤ 2e-2; both numbers are printed.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -42,32 +42,38 @@ constexpr double kOutlierRows = 0.05;
     const float* b = expected.f32();
     const int64_t n = actual.numel(), rows = expected.ndim() > 1 ? expected.dim(0) : 1;
     const int64_t width = n / rows;
-    double num = 0, den = 0, ref_max = 0;
+    double ref_max = 0;
     for (int64_t i = 0; i < n; ++i) {
-        const double e = double(a[i]) - double(b[i]);
-        num += e * e;
-        den += double(b[i]) * b[i];
         ref_max = std::max(ref_max, std::abs(double(b[i])));
         if (!std::isfinite(a[i])) return ::testing::AssertionFailure() << what << ": non-finite";
     }
-    const double frob = std::sqrt(num / std::max(den, 1e-30));
+    double num = 0, den = 0, worst = 0;
     int64_t outliers = 0, worst_row = -1;
-    double worst = 0;
     for (int64_t r = 0; r < rows; ++r) {
-        double m = 0;
-        for (int64_t c = 0; c < width; ++c)
-            m = std::max(m, std::abs(double(a[r * width + c]) - double(b[r * width + c])));
-        if (m > tol * ref_max) ++outliers;
+        double m = 0, rn = 0, rd = 0;
+        for (int64_t c = 0; c < width; ++c) {
+            const double e = double(a[r * width + c]) - double(b[r * width + c]);
+            m = std::max(m, std::abs(e));
+            rn += e * e;
+            rd += double(b[r * width + c]) * b[r * width + c];
+        }
         if (m > worst) {
             worst = m;
             worst_row = r;
         }
+        if (m > tol * ref_max) {
+            ++outliers;
+            continue;
+        }
+        num += rn;
+        den += rd;
     }
+    const double frob = std::sqrt(num / std::max(den, 1e-30));
     if (frob_out) *frob_out = frob;
-    std::printf("[ compare ] %s: frobenius-relative %.3g, %lld of %lld rows over %.0e (worst row "
+    std::printf("[ compare ] %s: %lld of %lld rows over %.0e, the others frobenius-relative %.3g (worst row "
                 "%lld: max abs %.3g of %.3g)\n",
-                what.c_str(), frob, static_cast<long long>(outliers), static_cast<long long>(rows),
-                tol, static_cast<long long>(worst_row), worst, ref_max);
+                what.c_str(), static_cast<long long>(outliers), static_cast<long long>(rows), tol,
+                frob, static_cast<long long>(worst_row), worst, ref_max);
     if (frob <= tol && outliers <= static_cast<int64_t>(kOutlierRows * rows))
         return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
@@ -150,7 +156,7 @@ TEST_P(GpuGolden, MatchesHfLayerByLayer) {
         for (int i = 0; i <= f.cfg.n_layers; ++i) {
             const Tensor& mine = out.hidden[i == f.cfg.n_layers ? f.cfg.n_layers + 1 : i];
             double e = 0;
-            ASSERT_TRUE(close(fmt::format("{} hidden_states_{}{} (first diverging layer)", f.dir,
+            EXPECT_TRUE(close(fmt::format("{} hidden_states_{}{}", f.dir,
                                           i, sfx),
                               rows_of(mine, row0, len),
                               f.ref->get(fmt::format("hidden_states_{}{}", i, sfx)), kTolerance,
@@ -219,8 +225,13 @@ TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
     for (const std::string& dir : golden_fixtures()) {
         Fixture f1 = load_fixture(dir, 1), f2 = load_fixture(dir, 2);
         const PrefillOutput one = run_gpu(f1, 1, TboMode::Off, false);
-        expect_same(run_gpu(f2, 2, TboMode::Off, false), one, dir + " CP=2 vs CP=1");
+        const PrefillOutput two = run_gpu(f2, 2, TboMode::Off, false);
+        expect_same(two, one, dir + " CP=2 vs CP=1");
         expect_same(run_gpu(f2, 2, TboMode::On, false), one, dir + " CP=2 + TBO vs CP=1");
+        // And as close to HF as CP = 1 is.
+        for (size_t r = 0; r < two.logits.size(); ++r)
+            EXPECT_TRUE(close(fmt::format("{} CP=2 logits {} vs HF", dir, r), two.logits[r],
+                              f2.ref->get("logits" + f2.suffix(static_cast<int>(r))), kTolerance));
     }
 }
 

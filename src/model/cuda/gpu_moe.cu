@@ -1,4 +1,5 @@
-// gpu_moe_forward: route → sort by expert → per-expert GEMMs → shared expert → combine.
+// gpu_moe_route: router → routing → sort by expert → counts to the host; gpu_moe_experts:
+// per-expert GEMMs → shared expert → combine.
 #include "model/cuda/gpu_moe.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_dispatch.h"
@@ -9,31 +10,37 @@ namespace cpfill::cuda {
 
 namespace oc = ops::cuda;
 
-void gpu_moe_forward(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
-                     const int32_t* tokens, int64_t rows, GpuMoeScratch& s, bf16* out) {
+void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
+                   const int32_t* tokens, int64_t rows, GpuRouteScratch& r) {
+    const ModelConfig& cfg = W.cfg;
+    const int E = cfg.n_experts, K = cfg.top_k;
+    const int64_t D = cfg.d_model;
+    oc::gemm_bf16(*c.gemm, y, D, rows, D, L.gate.as<bf16>(), E, nullptr, r.logits, E, false,
+                  c.stream);
+    const bool hash = L.mlp == MlpType::Hash;
+    if (hash) oc::hash_lookup(L.tid2eid.as<int64_t>(), tokens, rows, K, r.hash, c.stream);
+    oc::route(r.logits, rows, E, K, hash ? nullptr : L.gate_bias.as<float>(),
+              hash ? r.hash : nullptr, float(cfg.routed_scale), r.idx, r.weight, c.stream);
+    oc::sort_by_expert(r.idx, rows * K, E, r.perm, r.counts, r.keys, r.ids, r.sort_scratch,
+                       r.sort_bytes, c.stream);
+    CPFILL_CUDA_CHECK(cudaMemcpyAsync(r.host_counts, r.counts, E * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, c.stream));
+}
+
+void gpu_moe_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
+                     int64_t rows, const GpuRouteScratch& r, GpuMoeScratch& s, bf16* out) {
     const ModelConfig& cfg = W.cfg;
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model, width = W.width, n_assign = rows * K;
     const float limit = float(cfg.swiglu_limit);
     c.phase(Phase::Moe);
-    oc::gemm_bf16(*c.gemm, y, D, rows, D, L.gate.as<bf16>(), E, nullptr, s.logits, E, false,
-                  c.stream);
-    const bool hash = L.mlp == MlpType::Hash;
-    if (hash) oc::hash_lookup(L.tid2eid.as<int64_t>(), tokens, rows, K, s.hash, c.stream);
-    oc::route(s.logits, rows, E, K, hash ? nullptr : L.gate_bias.as<float>(),
-              hash ? s.hash : nullptr, float(cfg.routed_scale), s.idx, s.weight, c.stream);
-    oc::sort_by_expert(s.idx, n_assign, E, s.perm, s.counts, s.keys, s.ids, s.sort_scratch,
-                       s.sort_bytes, c.stream);
-    CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.host_counts, s.counts, E * sizeof(int32_t),
-                                      cudaMemcpyDeviceToHost, c.stream));
-    oc::gather_by_expert(y, D, s.perm, n_assign, K, s.weight, s.xp, s.sp, s.inv, c.stream);
-    // The GEMM sizes need the counts on the host: the one host wait of a layer.
-    wait_stream(c.stream, *c.flag, c.deadline, "MoE expert counts");
+    oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
     int64_t off = 0;
     for (int e = 0; e < E; ++e) {
-        const int64_t m = s.host_counts[e];
+        const int64_t m = r.host_counts[e];
         if (m == 0) continue;
-        CPFILL_CHECK(off + m <= n_assign, "expert counts exceed {} assignments", n_assign);
+        CPFILL_CHECK(m <= rows && off + m <= n_assign, "expert {}: {} rows of {} assignments", e,
+                     m, n_assign);
         oc::linear_bf16(*c.gemm, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D,
                         2 * width, s.gu, nullptr, false, c.stream);
         oc::swiglu(s.gu, m, width, limit, s.sp + off, s.act, c.stream);

@@ -2,7 +2,7 @@
 // rows (learned or hash), the (token, expert) assignments sorted by expert, one GEMM pair per
 // expert over its contiguous rows (this rank's slice of its width), the shared expert over all
 // rows, and the weighted sum per token. The result is this rank's partial sum (bf16), which the
-// reduce-scatter adds up over the ranks.
+// reduce-scatter adds up over the ranks. Routing and expert work are two calls on two streams.
 #pragma once
 
 #include <cstdint>
@@ -11,30 +11,43 @@
 
 namespace cpfill::cuda {
 
-struct GpuMoeScratch {
+// Routing of one sub-batch (written by gpu_moe_route on the router stream, read by
+// gpu_moe_experts on the compute stream).
+struct GpuRouteScratch {
     float* logits = nullptr;   // [rows, n_experts]
     int64_t* hash = nullptr;   // [rows, top_k]
     int32_t* idx = nullptr;    // [rows · top_k]
     float* weight = nullptr;   // [rows · top_k]
-    int32_t* perm = nullptr;   // [rows · top_k]
-    int32_t* keys = nullptr;   // [rows · top_k]
-    int32_t* ids = nullptr;    // [rows · top_k]
-    int32_t* inv = nullptr;    // [rows · top_k]
-    int32_t* counts = nullptr;      // device [n_experts]
+    int32_t* perm = nullptr;   // [rows · top_k] assignments sorted by expert
+    int32_t* keys = nullptr;   // [rows · top_k] sort scratch
+    int32_t* ids = nullptr;    // [rows · top_k] sort scratch
+    int32_t* counts = nullptr;       // device [n_experts]
     int32_t* host_counts = nullptr;  // pinned host [n_experts]
     void* sort_scratch = nullptr;
     size_t sort_bytes = 0;
-    bf16* xp = nullptr;    // [rows · top_k, d_model]
-    float* sp = nullptr;   // [rows · top_k]
-    bf16* gu = nullptr;    // [rows · top_k, 2 · width]
-    bf16* act = nullptr;   // [rows · top_k, width]
-    bf16* op = nullptr;    // [rows · top_k, d_model]
-    float* acc = nullptr;  // [rows, d_model]
 };
 
-// y bf16 [rows, d_model] (normed MoE input of every row, rank-major), tokens device int32 [rows]
-// (hash routing) → out bf16 [rows, d_model]. One host wait (the expert counts, to size the GEMMs).
-void gpu_moe_forward(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
-                     const int32_t* tokens, int64_t rows, GpuMoeScratch& s, bf16* out);
+// Expert work space, shared by the sub-batches (compute stream only).
+struct GpuMoeScratch {
+    int32_t* inv = nullptr;  // [rows · top_k]
+    bf16* xp = nullptr;      // [rows · top_k, d_model]
+    float* sp = nullptr;     // [rows · top_k]
+    bf16* gu = nullptr;      // [rows, 2 · width] (an expert sees each row at most once)
+    bf16* act = nullptr;     // [rows, width]
+    bf16* op = nullptr;      // [rows · top_k, d_model]
+    float* acc = nullptr;    // [rows, d_model]
+};
+
+// On c.stream (the router stream, so the host can wait for the counts without stalling the
+// compute stream): router logits (fp32 out), learned or hash routing, the assignments sorted by
+// expert, and the expert counts copied to r.host_counts. y bf16 [rows, d_model] (normed MoE
+// input of every row, rank-major); tokens device int32 [rows] (hash routing).
+void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
+                   const int32_t* tokens, int64_t rows, GpuRouteScratch& r);
+
+// On c.stream (compute), once r is complete and its counts are on the host: the per-expert GEMMs
+// over contiguous rows, the shared expert, the weighted sum → out bf16 [rows, d_model].
+void gpu_moe_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
+                     int64_t rows, const GpuRouteScratch& r, GpuMoeScratch& s, bf16* out);
 
 }  // namespace cpfill::cuda

@@ -22,13 +22,14 @@ namespace oc = ops::cuda;
 RankDevice::~RankDevice() {
     if (host_counts) cudaFreeHost(host_counts);
     if (compute) cudaStreamDestroy(compute);
+    if (route) cudaStreamDestroy(route);
     if (comm) cudaStreamDestroy(comm);
 }
 
 void RankDevice::alloc_host_counts(int n_experts) {
     if (host_counts) cudaFreeHost(host_counts);
     host_counts = nullptr;
-    CPFILL_CUDA_CHECK(cudaMallocHost(&host_counts, n_experts * sizeof(int32_t)));
+    CPFILL_CUDA_CHECK(cudaMallocHost(&host_counts, 2 * n_experts * sizeof(int32_t)));
 }
 
 RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
@@ -81,6 +82,7 @@ struct SubState {
     int32_t* tokens_local = nullptr;  // [n]
     bf16* send[kSlots] = {};
     bf16* recv[kSlots] = {};
+    GpuRouteScratch route;  // this sub-batch's MoE routing (router stream → compute stream)
 };
 
 struct Dims {
@@ -152,6 +154,17 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         s.recv[kMoeGather] = a.template take<bf16>(P * D);
         s.send[kScatter] = a.template take<bf16>(P * D);
         s.recv[kScatter] = a.template take<bf16>(n * D);
+        GpuRouteScratch& r = s.route;
+        r.logits = a.template take<float>(P * E);
+        r.hash = a.template take<int64_t>(P * K);
+        r.idx = a.template take<int32_t>(P * K);
+        r.weight = a.template take<float>(P * K);
+        r.perm = a.template take<int32_t>(P * K);
+        r.keys = a.template take<int32_t>(P * K);
+        r.ids = a.template take<int32_t>(P * K);
+        r.counts = a.template take<int32_t>(E);
+        r.sort_bytes = oc::sort_scratch_bytes(P * K, static_cast<int>(E));
+        r.sort_scratch = a.template take<char>(static_cast<int64_t>(r.sort_bytes));
     }
     const int64_t n = d.n_max, P = d.p_max;
     w.x = a.template take<bf16>(n * D);
@@ -173,17 +186,7 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     s.win_pos_csa = a.template take<int64_t>(d.max_len / cfg.csa_ratio + 1);
     s.win_pos_hca = a.template take<int64_t>(d.max_len / cfg.hca_ratio + 1);
     GpuMoeScratch& m = w.moe;
-    m.logits = a.template take<float>(P * E);
-    m.hash = a.template take<int64_t>(P * K);
-    m.idx = a.template take<int32_t>(P * K);
-    m.weight = a.template take<float>(P * K);
-    m.perm = a.template take<int32_t>(P * K);
-    m.keys = a.template take<int32_t>(P * K);
-    m.ids = a.template take<int32_t>(P * K);
     m.inv = a.template take<int32_t>(P * K);
-    m.counts = a.template take<int32_t>(E);
-    m.sort_bytes = oc::sort_scratch_bytes(P * K, static_cast<int>(E));
-    m.sort_scratch = a.template take<char>(static_cast<int64_t>(m.sort_bytes));
     m.xp = a.template take<bf16>(P * K * D);
     m.sp = a.template take<float>(P * K);
     m.gu = a.template take<bf16>(P * 2 * width);  // an expert sees each row at most once
@@ -274,12 +277,20 @@ class Runner {
             for (auto& e : row) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         for (auto& row : done_)
             for (auto& e : row) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        for (auto* set : {&mark_, &routed_})
+            for (auto& e : *set) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        route_ctx_ = ctx_;
+        route_ctx_.stream = dev.route;
+        route_ctx_.gemm = dev.gemm_route.get();
+        route_ctx_.timer = nullptr;
     }
     ~Runner() {
         for (auto& row : ready_)
             for (auto& e : row) cudaEventDestroy(e);
         for (auto& row : done_)
             for (auto& e : row) cudaEventDestroy(e);
+        for (auto* set : {&mark_, &routed_})
+            for (auto& e : *set) cudaEventDestroy(e);
     }
     void run(GpuStats* stats);
 
@@ -288,6 +299,7 @@ class Runner {
     void stage_x(SubState& s, int li);
     void stage_y(SubState& s, int li);
     void finish_moe(SubState& s, int li);
+    void start_route(SubState& s, int li);
     void head(SubState& s);
     oc::MhcDeviceParams mhc_params(const GpuMhc& m) const {
         return {m.fn.as<float>(),   m.base.as<float>(),        m.scale.as<float>(),
@@ -307,9 +319,10 @@ class Runner {
     PrefillOutput* out_;
     PhaseTimer timer_;
     Dims dims_;
-    GpuCtx ctx_;
+    GpuCtx ctx_, route_ctx_;
     Workspace ws_;
     std::array<std::array<cudaEvent_t, 2>, kSlots> ready_{}, done_{};
+    std::array<cudaEvent_t, 2> mark_{}, routed_{};  // per sub-batch: compute point, routing done
 };
 
 void Runner::setup() {
@@ -358,7 +371,7 @@ void Runner::setup() {
                  cfg_.csa_ratio, st);
     oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_hca), max_len / cfg_.hca_ratio + 1,
                  cfg_.hca_ratio, st);
-    ws_.moe.host_counts = dev_.host_counts;
+    for (SubState& s : ws_.subs) s.route.host_counts = dev_.host_counts + s.index * cfg_.n_experts;
 }
 
 void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
@@ -423,12 +436,30 @@ void Runner::stage_x(SubState& s, int li) {
     oc::mhc_pre(mhc_params(L.hc_ffn), s.h, n, s.post, s.comb, ws_.x, st);
     oc::rmsnorm(ws_.x, n, D, L.ffn_norm.as<float>(), eps, s.send[kMoeGather], st);
     launch(kMoeGather, s, n * D, ncclBfloat16);
+    start_route(s, li);
+}
+
+// Routing of sub-batch s on the router stream, as soon as its MoE input has arrived: after this
+// point of the compute stream (Y of the previous layer has read the routing buffers) and after the
+// gather (on the comm stream with TBO, else in compute order).
+void Runner::start_route(SubState& s, int li) {
+    CPFILL_CUDA_CHECK(cudaEventRecord(mark_[s.index], dev_.compute));
+    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.route, mark_[s.index], 0));
+    if (plan_.tbo && !opt_.no_comm)
+        CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.route, done_[kMoeGather][s.index], 0));
+    gpu_moe_route(route_ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.tokens_rm, s.padded,
+                  s.route);
+    CPFILL_CUDA_CHECK(cudaEventRecord(routed_[s.index], dev_.route));
 }
 
 // Y: wait for the MoE input of all rows → this rank's expert slices → launch the reduce-scatter.
 void Runner::stage_y(SubState& s, int li) {
     finish(kMoeGather, s);
-    gpu_moe_forward(ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.tokens_rm, s.padded, ws_.moe,
+    // The expert GEMMs are sized from the counts: the host waits for the router stream only.
+    wait_event(routed_[s.index], *ctx_.flag, ctx_.deadline, "MoE routing");
+    ctx_.phase(Phase::Moe);
+    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.compute, routed_[s.index], 0));
+    gpu_moe_experts(ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.padded, s.route, ws_.moe,
                     s.send[kScatter]);
     launch(kScatter, s, s.n * cfg_.d_model, ncclBfloat16);
 }
@@ -546,6 +577,7 @@ void Runner::run(GpuStats* stats) {
     timer_.end(dev_.compute);
     wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "the prefill");
     wait_stream(dev_.comm, *ctx_.flag, ctx_.deadline, "the comm stream");
+    wait_stream(dev_.route, *ctx_.flag, ctx_.deadline, "the router stream");
     if (stats && timer_.enabled()) {
         const std::vector<double> p = timer_.phase_seconds();
         stats->phases.attention = p[static_cast<int>(Phase::Attention)];

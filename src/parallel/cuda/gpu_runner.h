@@ -22,11 +22,13 @@ namespace cpfill::cuda {
 struct RankDevice {
     int rank = 0, cp = 1, device = 0;
     cudaStream_t compute = nullptr, comm = nullptr;
+    cudaStream_t route = nullptr;  // MoE routing, so that the host's wait for the expert counts
+                                   // never stalls the compute stream
     std::unique_ptr<NcclComm> cp_comm, overlap;  // driven from compute / comm only
-    std::unique_ptr<ops::cuda::GemmContext> gemm;
+    std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<Arena> arena;  // kept between runs; regrown when a run needs more
-    int32_t* host_counts = nullptr;  // pinned [n_experts]
+    int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch
     void alloc_host_counts(int n_experts);
     ~RankDevice();
 };

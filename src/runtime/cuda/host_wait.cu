@@ -15,6 +15,11 @@ void wait_stream(cudaStream_t stream, const AbortFlag& flag, std::chrono::millis
         ~Guard() { cudaEventDestroy(e); }
     } guard{ev};
     CPFILL_CUDA_CHECK(cudaEventRecord(ev, stream));
+    wait_event(ev, flag, deadline, what);
+}
+
+void wait_event(cudaEvent_t ev, const AbortFlag& flag, std::chrono::milliseconds deadline,
+                const std::string& what) {
     const auto t0 = std::chrono::steady_clock::now();
     auto sleep = std::chrono::microseconds(5);
     for (;;) {

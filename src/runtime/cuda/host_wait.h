@@ -35,5 +35,8 @@ class AbortFlag {
 // error, when `flag` is raised ("stopped: rank … failed: …") or after `deadline` naming `what`.
 void wait_stream(cudaStream_t stream, const AbortFlag& flag, std::chrono::milliseconds deadline,
                  const std::string& what);
+// The same for an event already recorded.
+void wait_event(cudaEvent_t event, const AbortFlag& flag, std::chrono::milliseconds deadline,
+                const std::string& what);
 
 }  // namespace cpfill::cuda
