@@ -169,10 +169,9 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
         fmt::print("request {}: {} tokens, first token {}{}\n", i, requests[i].size(),
                    r.first_tokens[i], text);
     }
-    fmt::print(
-        "load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO {})\n",
-        engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
-        a.device == "cuda" ? "CUDA bf16" : "CPU fp32", a.cp, r.out.tbo_used ? "on" : "off");
+    fmt::print("load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO {})\n",
+               engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
+               a.device == "cuda" ? "CUDA bf16" : "CPU fp32", a.cp, r.out.tbo_used ? "on" : "off");
     return 0;
 }
 

@@ -21,9 +21,7 @@ int env_int(const char* name, int fallback) {
 }
 
 // Processes mpirun started, from OpenMPI's or a PMI launcher's environment (1 when none).
-int launched_size() {
-    return std::max(env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("PMI_SIZE", 1));
-}
+int launched_size() { return std::max(env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("PMI_SIZE", 1)); }
 
 }  // namespace
 

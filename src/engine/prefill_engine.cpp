@@ -77,7 +77,8 @@ RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
 
 RunResult PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& requests,
                                  const RunOptions& opt) {
-    CPFILL_CHECK(opt.chunk == 0, "--chunk {}: chunked prefill is not available on the CUDA backend "
+    CPFILL_CHECK(opt.chunk == 0,
+                 "--chunk {}: chunked prefill is not available on the CUDA backend "
                  "yet (docs/status.md); leave --chunk out",
                  opt.chunk);
     GpuRunOptions g;

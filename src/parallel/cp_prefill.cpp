@@ -236,6 +236,25 @@ bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp) {
     return cp > 1 && per_sub >= std::max<int64_t>(cp, 256) && cfg.n_layers > 0;
 }
 
+double gpu_tbo_gain_seconds(const ModelConfig& cfg, int64_t n_tokens, int cp,
+                            const TboCostModel& m) {
+    if (cp < 2) return 0.0;
+    const double share = double(cp - 1) / cp;  // of each gathered / scattered byte that moves
+    double gain = 0;
+    for (int li = 0; li < cfg.n_layers; ++li) {
+        // bf16 rows per token: packed attention inputs, MoE input, MoE partial sums.
+        const int64_t widths = packed_widths(cfg, cfg.layer_types[li]).total() + 2 * cfg.d_model;
+        const double comm = double(widths) * 2 * n_tokens * share / (m.busbw_gbps * 1e9);
+        const double split = 2.0 * cfg.n_experts * m.split_overhead_s;  // w13 and w2 per expert
+        gain += comm - split;
+    }
+    return gain;
+}
+
+bool gpu_tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp, const TboCostModel& m) {
+    return n_tokens / 2 >= cp && gpu_tbo_gain_seconds(cfg, n_tokens, cp, m) > 0;
+}
+
 PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
                          const std::vector<std::vector<int32_t>>& requests,
                          const PrefillOptions& opt) {

@@ -48,4 +48,15 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
 // Whether `--tbo auto` splits a batch of n_tokens on cp ranks (documented in docs/parallel.md).
 bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp);
 
+// The CUDA backend's cost model for `--tbo auto` (docs/parallel.md): TBO hides the per-layer
+// collectives (bytes / bus bandwidth) but splits every expert GEMM in two, which costs a fixed
+// overhead per extra GEMM (measured on H200: ≈ 12 µs). Splits when the hidden time exceeds it.
+struct TboCostModel {
+    double busbw_gbps = 250;          // NCCL all-gather bus bandwidth (performance.md, 2×H200)
+    double split_overhead_s = 12e-6;  // per extra expert GEMM launched by the split
+};
+double gpu_tbo_gain_seconds(const ModelConfig& cfg, int64_t n_tokens, int cp,
+                            const TboCostModel& m = {});
+bool gpu_tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp, const TboCostModel& m = {});
+
 }  // namespace cpfill

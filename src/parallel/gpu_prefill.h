@@ -52,7 +52,7 @@ struct GpuPhases {
 };
 
 struct GpuStats {
-    double seconds = 0;                // wall clock of the prefill on the host (all ranks done)
+    double seconds = 0;                 // wall clock of the prefill on the host (all ranks done)
     std::vector<double> layer_seconds;  // per layer (rank 0, CUDA events; with phase_timing)
     GpuPhases phases;                   // with phase_timing
     size_t peak_bytes = 0;              // the largest per-GPU device memory in use

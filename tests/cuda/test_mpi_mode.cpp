@@ -26,17 +26,19 @@ TEST(MpiMode, EqualsThreadedMode) {
     const std::string ids = model + "/reference.safetensors";
     const std::string a = (dir / "threads.safetensors").string();
     const std::string b = (dir / "mpi.safetensors").string();
-    const std::string args = fmt::format("run --model {} --input-ids-file {} --device cuda --cp 2 "
-                                         "--all-logits --logits-out",
-                                         model, ids);
+    const std::string args = fmt::format(
+        "run --model {} --input-ids-file {} --device cuda --cp 2 "
+        "--all-logits --logits-out",
+        model, ids);
     ASSERT_EQ(sh(fmt::format("{} {} {}", CPFILL_BINARY, args, a)), 0);
-    ASSERT_EQ(sh(fmt::format("mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE=0 "
-                             "{} {} {}",
-                             CPFILL_BINARY, args, b)),
-              0);
+    ASSERT_EQ(
+        sh(fmt::format("mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE=0 "
+                       "{} {} {}",
+                       CPFILL_BINARY, args, b)),
+        0);
     SafetensorsFile fa(a), fb(b);
-    EXPECT_TRUE(testing::close("mpirun vs threads logits", fb.get("logits"), fa.get("logits"),
-                               1e-3));
+    EXPECT_TRUE(
+        testing::close("mpirun vs threads logits", fb.get("logits"), fa.get("logits"), 1e-3));
 }
 
 TEST(MpiMode, WrongCpIsAnError) {
@@ -45,9 +47,10 @@ TEST(MpiMode, WrongCpIsAnError) {
     if (sh("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun not installed";
     const std::string model = std::string(CPFILL_TEST_DATA_DIR) + "/dsv4_tiny_a";
     // --cp 1 under 2 processes: every rank refuses, the job ends with a non-zero status.
-    const int rc = sh(fmt::format("mpirun --allow-run-as-root --oversubscribe -np 2 {} run --model {} "
-                                  "--input-ids 1,2,3 --device cuda --cp 1 2> /dev/null",
-                                  CPFILL_BINARY, model));
+    const int rc =
+        sh(fmt::format("mpirun --allow-run-as-root --oversubscribe -np 2 {} run --model {} "
+                       "--input-ids 1,2,3 --device cuda --cp 1 2> /dev/null",
+                       CPFILL_BINARY, model));
     EXPECT_NE(rc, 0);
 }
 

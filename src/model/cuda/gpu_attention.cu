@@ -27,8 +27,8 @@ void linear(const GpuCtx& c, const bf16* x, int64_t n, int64_t in, const DeviceB
 
 // Pools windows [first, last) of one compressor from packed request rows into dst rows.
 void pool(const GpuCtx& c, const GpuWeights& W, const GpuCompressor& comp, int ratio, int64_t dim,
-          bool overlap, const bf16* rows, int64_t ld, int64_t c_off, int64_t z_off,
-          int64_t first, int64_t last, bf16* dst, const int64_t* win_pos) {
+          bool overlap, const bf16* rows, int64_t ld, int64_t c_off, int64_t z_off, int64_t first,
+          int64_t last, bf16* dst, const int64_t* win_pos) {
     if (last <= first) return;
     const ModelConfig& cfg = W.cfg;
     bf16* out = dst + first * dim;
@@ -44,7 +44,8 @@ void pool(const GpuCtx& c, const GpuWeights& W, const GpuCompressor& comp, int r
 int64_t packed_width(const ModelConfig& cfg, AttnType t) {
     int64_t w = cfg.head_dim;
     if (t == AttnType::HCA) w += 2 * int64_t{cfg.head_dim};
-    if (t == AttnType::CSA) w += 2 * (2 * int64_t{cfg.head_dim}) + 2 * (2 * int64_t{cfg.index_head_dim});
+    if (t == AttnType::CSA)
+        w += 2 * (2 * int64_t{cfg.head_dim}) + 2 * (2 * int64_t{cfg.index_head_dim});
     return w;
 }
 
@@ -73,8 +74,8 @@ void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
     }
 }
 
-void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
-                      const GpuRows& rows, const bf16* xn, GpuAttnScratch& s) {
+void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
+                      const bf16* xn, GpuAttnScratch& s) {
     const ModelConfig& cfg = W.cfg;
     const int64_t n = rows.n, D = cfg.d_model;
     const int H = cfg.n_heads, d = cfg.head_dim;
@@ -90,15 +91,16 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
     c.phase(Phase::Indexer);
     const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
     linear(c, s.cq, n, cfg.q_rank, L.idx_wq_b, int64_t{nI} * dI, s.qI, int64_t{nI} * dI);
-    oc::apply_rope(s.qI, n, int64_t{nI} * dI, nI, dI, cfg.rope_dim, inv_freq(W, L), rows.pos,
-                   false, c.stream);
-    oc::gemm_bf16(*c.gemm, xn, D, n, D, L.idx_weights_proj.as<bf16>(), nI, nullptr, s.wI, nI,
-                  false, c.stream);
+    oc::apply_rope(s.qI, n, int64_t{nI} * dI, nI, dI, cfg.rope_dim, inv_freq(W, L), rows.pos, false,
+                   c.stream);
+    oc::gemm_bf16(*c.gemm, xn, D, n, D, L.idx_weights_proj.as<bf16>(), nI, nullptr, s.wI, nI, false,
+                  c.stream);
     oc::scale_f32(s.wI, n * nI, 1.0f / std::sqrt(float(nI)), c.stream);
 }
 
-void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* request_rows,
-                   int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv, const GpuAttnScratch& s) {
+void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
+                   const bf16* request_rows, int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv,
+                   const GpuAttnScratch& s) {
     const ModelConfig& cfg = W.cfg;
     const int64_t d = cfg.head_dim;
     CPFILL_CHECK(kv.n_tokens == pos0, "KV store holds {} tokens but the segment starts at {}",

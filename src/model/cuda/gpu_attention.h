@@ -40,13 +40,13 @@ struct GpuRows {
 
 // Scratch shared by the sub-batches (their stages run in order on one stream).
 struct GpuAttnScratch {
-    bf16* key = nullptr;    // [n, head_dim]
-    bf16* cq = nullptr;     // [n, q_rank]
-    bf16* q = nullptr;      // [n, n_heads · head_dim]
-    bf16* o = nullptr;      // [n, n_heads · head_dim]
-    bf16* yo = nullptr;     // [n, o_groups · o_rank]
-    bf16* qI = nullptr;     // [n, index_n_heads · index_head_dim]
-    float* wI = nullptr;    // [n, index_n_heads]
+    bf16* key = nullptr;      // [n, head_dim]
+    bf16* cq = nullptr;       // [n, q_rank]
+    bf16* q = nullptr;        // [n, n_heads · head_dim]
+    bf16* o = nullptr;        // [n, n_heads · head_dim]
+    bf16* yo = nullptr;       // [n, o_groups · o_rank]
+    bf16* qI = nullptr;       // [n, index_n_heads · index_head_dim]
+    float* wI = nullptr;      // [n, index_n_heads]
     int32_t* topk = nullptr;  // [n, index_topk]
     float* scores = nullptr;  // indexer scores, scores_floats
     int64_t scores_floats = 0;
@@ -61,13 +61,14 @@ int64_t packed_width(const ModelConfig& cfg, AttnType t);
 void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
                    const bf16* xn, bf16* packed, GpuAttnScratch& s);
 // xn → s.q (RoPE'd), and for CSA s.qI, s.wI.
-void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
-                      const GpuRows& rows, const bf16* xn, GpuAttnScratch& s);
+void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
+                      const bf16* xn, GpuAttnScratch& s);
 // Appends positions pos0 … pos0 + len − 1 of a request from packed rows (row stride ld; row r is
 // position r of the request, so rows before pos0 are the request's earlier tokens) and pools the
 // windows they complete.
-void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* request_rows,
-                   int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv, const GpuAttnScratch& s);
+void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
+                   const bf16* request_rows, int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv,
+                   const GpuAttnScratch& s);
 // Local queries against the store → out bf16 [n, d_model] (zeros on pad rows); s.topk holds the
 // indexer selections (−1 padded; −1 on pad rows) of CSA layers.
 void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, int layer,

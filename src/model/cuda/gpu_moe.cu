@@ -39,8 +39,8 @@ void gpu_moe_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, co
     for (int e = 0; e < E; ++e) {
         const int64_t m = r.host_counts[e];
         if (m == 0) continue;
-        CPFILL_CHECK(m <= rows && off + m <= n_assign, "expert {}: {} rows of {} assignments", e,
-                     m, n_assign);
+        CPFILL_CHECK(m <= rows && off + m <= n_assign, "expert {}: {} rows of {} assignments", e, m,
+                     n_assign);
         oc::linear_bf16(*c.gemm, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D,
                         2 * width, s.gu, nullptr, false, c.stream);
         oc::swiglu(s.gu, m, width, limit, s.sp + off, s.act, c.stream);

@@ -14,13 +14,13 @@ namespace cpfill::cuda {
 // Routing of one sub-batch (written by gpu_moe_route on the router stream, read by
 // gpu_moe_experts on the compute stream).
 struct GpuRouteScratch {
-    float* logits = nullptr;   // [rows, n_experts]
-    int64_t* hash = nullptr;   // [rows, top_k]
-    int32_t* idx = nullptr;    // [rows · top_k]
-    float* weight = nullptr;   // [rows · top_k]
-    int32_t* perm = nullptr;   // [rows · top_k] assignments sorted by expert
-    int32_t* keys = nullptr;   // [rows · top_k] sort scratch
-    int32_t* ids = nullptr;    // [rows · top_k] sort scratch
+    float* logits = nullptr;         // [rows, n_experts]
+    int64_t* hash = nullptr;         // [rows, top_k]
+    int32_t* idx = nullptr;          // [rows · top_k]
+    float* weight = nullptr;         // [rows · top_k]
+    int32_t* perm = nullptr;         // [rows · top_k] assignments sorted by expert
+    int32_t* keys = nullptr;         // [rows · top_k] sort scratch
+    int32_t* ids = nullptr;          // [rows · top_k] sort scratch
     int32_t* counts = nullptr;       // device [n_experts]
     int32_t* host_counts = nullptr;  // pinned host [n_experts]
     void* sort_scratch = nullptr;

@@ -22,7 +22,8 @@ __device__ inline float hashed_uniform(uint64_t seed, uint64_t i) {
     return static_cast<float>(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [−1, 1)
 }
 
-__global__ void fill_kernel(void* out, bool bf16, int64_t n, uint64_t seed, float mean, float half) {
+__global__ void fill_kernel(void* out, bool bf16, int64_t n, uint64_t seed, float mean,
+                            float half) {
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
          i += int64_t{gridDim.x} * blockDim.x) {
         const float v = mean + half * hashed_uniform(seed, static_cast<uint64_t>(i));
@@ -59,8 +60,8 @@ class Builder {
         for (int64_t s : shape) n *= s;
         const uint64_t salt = counter_++;
         if (host) {
-            CPFILL_CHECK(host->numel() == n, "weight {}: {} values for shape {} on the GPU",
-                         salt, host->numel(), n);
+            CPFILL_CHECK(host->numel() == n, "weight {}: {} values for shape {} on the GPU", salt,
+                         host->numel(), n);
             dst = kind == Kind::Bf16 ? upload_bf16(host->f32(), n) : upload_f32(host->f32(), n);
         } else {
             dst = DeviceBuffer(n * (kind == Kind::Bf16 ? 2 : 4));
@@ -106,7 +107,8 @@ void build_compressor(Builder& b, GpuCompressor& c, const ModelConfig& cfg, int 
 }
 
 // Concatenates per-expert host slices into one device buffer.
-void upload_experts(DeviceBuffer& dst, const std::vector<Tensor>& parts, int64_t per, size_t* bytes) {
+void upload_experts(DeviceBuffer& dst, const std::vector<Tensor>& parts, int64_t per,
+                    size_t* bytes) {
     std::vector<float> all(parts.size() * per);
     for (size_t e = 0; e < parts.size(); ++e) {
         CPFILL_CHECK(parts[e].numel() == per, "expert {}: {} values, expected {}", e,
@@ -133,8 +135,7 @@ void build_layer(Builder& b, GpuLayer& g, const ModelConfig& cfg, int li, int64_
     b.linear(g.wq_b, Hd, cfg.q_rank, A ? &A->wq_b : nullptr);
     b.linear(g.wkv, d, D, A ? &A->wkv : nullptr);
     b.norm(g.kv_norm, d, A ? &A->kv_norm : nullptr);
-    b.linear(g.wo_a, int64_t{cfg.o_groups} * cfg.o_rank, Hd / cfg.o_groups,
-             A ? &A->wo_a : nullptr);
+    b.linear(g.wo_a, int64_t{cfg.o_groups} * cfg.o_rank, Hd / cfg.o_groups, A ? &A->wo_a : nullptr);
     b.linear(g.wo_b, D, int64_t{cfg.o_groups} * cfg.o_rank, A ? &A->wo_b : nullptr);
     b(g.sink, Kind::F32, {cfg.n_heads}, A ? &A->sink : nullptr, 0.0f, 1.0f);
     if (g.type != AttnType::Sliding) {
@@ -176,8 +177,7 @@ void build_layer(Builder& b, GpuLayer& g, const ModelConfig& cfg, int li, int64_
         upload_experts(g.w2, M->w2, D * width, bytes);
     } else {
         b(g.w13, Kind::Bf16, {E, 2 * width, D}, nullptr, 0.0f, 1.0f / std::sqrt(float(D)));
-        b(g.w2, Kind::Bf16, {E, D, width}, nullptr, 0.0f,
-          1.0f / std::sqrt(float(cfg.moe_dim)));
+        b(g.w2, Kind::Bf16, {E, D, width}, nullptr, 0.0f, 1.0f / std::sqrt(float(cfg.moe_dim)));
     }
     b(g.shared_w13, Kind::Bf16, {2 * width, D}, M ? &M->shared_w13 : nullptr, 0.0f,
       1.0f / std::sqrt(float(D)));
@@ -211,8 +211,8 @@ GpuWeights build(const ModelConfig& cfg, ExpertSlice slice, const ModelWeights* 
     g.inv_freq_compress = upload_f32(comp.inv_freq().data(), comp.inv_freq().size());
     g.layers.resize(cfg.n_layers);
     for (int li = 0; li < cfg.n_layers; ++li)
-        build_layer(b, g.layers[li], cfg, li, g.width, host ? &host->layers[li] : nullptr,
-                    &g.bytes, seed);
+        build_layer(b, g.layers[li], cfg, li, g.width, host ? &host->layers[li] : nullptr, &g.bytes,
+                    seed);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
 }

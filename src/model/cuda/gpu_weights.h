@@ -28,27 +28,27 @@ struct GpuLayer {
     AttnType type = AttnType::Sliding;
     MlpType mlp = MlpType::Learned;
     GpuMhc hc_attn, hc_ffn;
-    DeviceBuffer attn_norm, ffn_norm;             // f32 [d_model]
-    DeviceBuffer wq_a, wq_b, wkv, wo_a, wo_b;     // bf16, shapes as AttentionWeights
-    DeviceBuffer q_norm, kv_norm, sink;           // f32 [q_rank], [head_dim], [n_heads]
-    GpuCompressor comp, idx_comp;                 // CSA / HCA; idx_comp CSA only
-    DeviceBuffer idx_wq_b, idx_weights_proj;      // bf16, CSA only
-    DeviceBuffer gate;                            // bf16 [n_experts, d_model]
-    DeviceBuffer gate_bias;                       // f32 [n_experts] (learned routing)
-    DeviceBuffer tid2eid;                         // i64 [vocab, top_k] (hash routing)
-    DeviceBuffer w13;                             // bf16 [n_experts, 2 · width, d_model]
-    DeviceBuffer w2;                              // bf16 [n_experts, d_model, width]
-    DeviceBuffer shared_w13, shared_w2;           // bf16 [2 · width, d_model], [d_model, width]
+    DeviceBuffer attn_norm, ffn_norm;          // f32 [d_model]
+    DeviceBuffer wq_a, wq_b, wkv, wo_a, wo_b;  // bf16, shapes as AttentionWeights
+    DeviceBuffer q_norm, kv_norm, sink;        // f32 [q_rank], [head_dim], [n_heads]
+    GpuCompressor comp, idx_comp;              // CSA / HCA; idx_comp CSA only
+    DeviceBuffer idx_wq_b, idx_weights_proj;   // bf16, CSA only
+    DeviceBuffer gate;                         // bf16 [n_experts, d_model]
+    DeviceBuffer gate_bias;                    // f32 [n_experts] (learned routing)
+    DeviceBuffer tid2eid;                      // i64 [vocab, top_k] (hash routing)
+    DeviceBuffer w13;                          // bf16 [n_experts, 2 · width, d_model]
+    DeviceBuffer w2;                           // bf16 [n_experts, d_model, width]
+    DeviceBuffer shared_w13, shared_w2;        // bf16 [2 · width, d_model], [d_model, width]
 };
 
 struct GpuWeights {
     ModelConfig cfg;
     ExpertSlice slice;
-    int64_t width = 0;                    // expert hidden units on this rank
-    DeviceBuffer embed, head;             // bf16 [vocab, d_model]
-    DeviceBuffer norm;                    // f32 [d_model]
+    int64_t width = 0;                                     // expert hidden units on this rank
+    DeviceBuffer embed, head;                              // bf16 [vocab, d_model]
+    DeviceBuffer norm;                                     // f32 [d_model]
     DeviceBuffer hc_head_fn, hc_head_base, hc_head_scale;  // f32 [hc, hc·d_model], [hc], [1]
-    DeviceBuffer inv_freq_main, inv_freq_compress;          // f32 [rope_dim / 2]
+    DeviceBuffer inv_freq_main, inv_freq_compress;         // f32 [rope_dim / 2]
     std::vector<GpuLayer> layers;
     size_t bytes = 0;  // device bytes held
 };

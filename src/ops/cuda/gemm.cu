@@ -1,7 +1,7 @@
 // gemm_bf16: row-major y = x·wᵀ is column-major yᵀ[out, n] = op_T(w)[out, in] · xᵀ[in, n].
-#include "ops/cuda/gemm.h"
 #include <cstdint>
 
+#include "ops/cuda/gemm.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -49,8 +49,8 @@ uint32_t alignment(const void* p) {
     return a;
 }
 
-cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int64_t in,
-                               int64_t out, const uint32_t align[3]) {
+cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int64_t in, int64_t out,
+                               const uint32_t align[3]) {
     cublasLtMatmulPreference_t pref = nullptr;
     CPFILL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = ctx.workspace_bytes();
@@ -64,8 +64,8 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int6
         cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &values[i], sizeof(uint32_t));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle(), d.desc, d.la, d.lb, d.lc,
-                                                       d.lc, pref, 1, &heur, &found);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle(), d.desc, d.la, d.lb, d.lc, d.lc,
+                                                       pref, 1, &heur, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     CPFILL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
                  "cuBLASLt has no algorithm for a bf16 GEMM of [{}, {}] x [{}, {}]ᵀ (status {})", n,
@@ -79,8 +79,8 @@ void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n,
                const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
                int64_t ldy, bool accumulate, cudaStream_t stream) {
     CPFILL_CHECK((y_bf16 == nullptr) != (y_f32 == nullptr), "gemm_bf16: give one output");
-    CPFILL_CHECK(ldx >= in && ldy >= out, "gemm_bf16: strides {}, {} below widths {}, {}", ldx,
-                 ldy, in, out);
+    CPFILL_CHECK(ldx >= in && ldy >= out, "gemm_bf16: strides {}, {} below widths {}, {}", ldx, ldy,
+                 in, out);
     if (n == 0 || out == 0) return;
     void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
     const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};

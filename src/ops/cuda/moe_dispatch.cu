@@ -95,8 +95,7 @@ void gather_by_expert(const __nv_bfloat16* y, int64_t d_model, const int32_t* pe
 void combine_experts(const float* acc, const __nv_bfloat16* op, const int32_t* inv, int64_t n,
                      int top_k, int64_t d_model, __nv_bfloat16* out, cudaStream_t stream) {
     if (n == 0) return;
-    combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(acc, op, inv, top_k, d_model,
-                                                                 out);
+    combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(acc, op, inv, top_k, d_model, out);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

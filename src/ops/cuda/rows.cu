@@ -69,12 +69,12 @@ void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n,
                    int hc, float* h, cudaStream_t stream) {
     if (n == 0) return;
     embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
-                                                                    h);
+                                                                   h);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
-void hash_lookup(const int64_t* tid2eid, const int32_t* tokens, int64_t n, int top_k,
-                 int64_t* out, cudaStream_t stream) {
+void hash_lookup(const int64_t* tid2eid, const int32_t* tokens, int64_t n, int top_k, int64_t* out,
+                 cudaStream_t stream) {
     if (n == 0) return;
     hash_kernel<<<blocks_for(n * top_k), kThreads, 0, stream>>>(tid2eid, tokens, n, top_k, out);
     CPFILL_CUDA_CHECK(cudaGetLastError());

@@ -21,8 +21,8 @@ void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n,
                    int hc, float* h, cudaStream_t stream);
 
 // out int64 [n, top_k] ← tid2eid[tokens[t]] (int64 [vocab, top_k]).
-void hash_lookup(const int64_t* tid2eid, const int32_t* tokens, int64_t n, int top_k,
-                 int64_t* out, cudaStream_t stream);
+void hash_lookup(const int64_t* tid2eid, const int32_t* tokens, int64_t n, int top_k, int64_t* out,
+                 cudaStream_t stream);
 
 void scale_f32(float* x, int64_t n, float s, cudaStream_t stream);
 // y bf16 [n] ← x fp32 [n] (round to nearest even).

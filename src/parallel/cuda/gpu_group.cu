@@ -93,8 +93,8 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
         r->cp = C;
         r->device = i < opt.devices.size() ? opt.devices[i] : static_cast<int>(i);
         CPFILL_CHECK(r->rank >= 0 && r->rank < C, "rank {} outside a group of {}", r->rank, C);
-        CPFILL_CHECK(r->device >= 0 && r->device < n_dev, "rank {}: GPU {} does not exist ({} visible)",
-                     r->rank, r->device, n_dev);
+        CPFILL_CHECK(r->device >= 0 && r->device < n_dev,
+                     "rank {}: GPU {} does not exist ({} visible)", r->rank, r->device, n_dev);
         g.ranks.push_back(std::move(r));
     }
     g.local = local;
@@ -167,7 +167,8 @@ int fitting_cp(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& 
 PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                             const GpuRunOptions& opt, GpuStats* stats) {
     Impl& g = *impl_;
-    CPFILL_CHECK(!g.broken, "this GPU group was stopped by an earlier failure ({}); start a new one",
+    CPFILL_CHECK(!g.broken,
+                 "this GPU group was stopped by an earlier failure ({}); start a new one",
                  g.broken_why);
     for (auto& r : g.ranks)
         CPFILL_CHECK(r->weights != nullptr, "rank {} has no weights (load or randomize first)",
@@ -200,12 +201,13 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     const bool has_rank0 = g.ranks[0]->rank == 0;
     if (has_rank0) {
         for (const auto& r : requests)
-            out.logits.push_back(Tensor::zeros(
-                DType::F32, opt.all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
-                                           : Shape{cfg.vocab_size}));
+            out.logits.push_back(
+                Tensor::zeros(DType::F32, opt.all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
+                                                         : Shape{cfg.vocab_size}));
         if (opt.record_hidden) {
             for (int i = 0; i <= cfg.n_layers; ++i)
-                out.hidden.push_back(Tensor::zeros(DType::F32, {out.n_tokens, cfg.hc, cfg.d_model}));
+                out.hidden.push_back(
+                    Tensor::zeros(DType::F32, {out.n_tokens, cfg.hc, cfg.d_model}));
             out.hidden.push_back(Tensor::zeros(DType::F32, {out.n_tokens, cfg.d_model}));
         }
         if (opt.record_topk)

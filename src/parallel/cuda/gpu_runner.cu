@@ -38,7 +38,7 @@ RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const M
     p.requests = &requests;
     p.batch = make_batch(requests, cfg.vocab_size);
     const int64_t T = p.batch.n_tokens();
-    p.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && tbo_pays(cfg, T, cp));
+    p.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && gpu_tbo_pays(cfg, T, cp));
     if (T < 2) p.tbo = false;
     if (p.tbo) {
         auto [a, b] = split_in_two(p.batch);
@@ -71,14 +71,14 @@ struct SubState {
     int64_t row_offset = 0;
     const Batch* batch = nullptr;
     CpLayout layout;
-    Rows rows;       // host
-    GpuRows grows;   // device positions + segments
+    Rows rows;      // host
+    GpuRows grows;  // device positions + segments
     int64_t n = 0, padded = 0;
-    float* h = nullptr;        // [n, hc, d_model]
-    float* post = nullptr;     // [n, hc] (MoE site, lives from X to finish_moe)
-    float* comb = nullptr;     // [n, hc, hc]
-    int64_t* pos = nullptr;    // [n]
-    int32_t* tokens_rm = nullptr;  // [padded]
+    float* h = nullptr;               // [n, hc, d_model]
+    float* post = nullptr;            // [n, hc] (MoE site, lives from X to finish_moe)
+    float* comb = nullptr;            // [n, hc, hc]
+    int64_t* pos = nullptr;           // [n]
+    int32_t* tokens_rm = nullptr;     // [padded]
     int32_t* tokens_local = nullptr;  // [n]
     bf16* send[kSlots] = {};
     bf16* recv[kSlots] = {};
@@ -116,19 +116,19 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 // The workspace of one run, carved in one fixed order from an arena (or counted).
 struct Workspace {
     std::vector<SubState> subs;
-    bf16* x = nullptr;          // [n_max, d_model]
+    bf16* x = nullptr;           // [n_max, d_model]
     float* post_attn = nullptr;  // [n_max, hc]
     float* comb_attn = nullptr;  // [n_max, hc, hc]
-    bf16* attn_out = nullptr;   // [n_max, d_model]
-    bf16* staging = nullptr;    // [T + cp, w_max] packed rows of the batch, global order
+    bf16* attn_out = nullptr;    // [n_max, d_model]
+    bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the batch, global order
     GpuAttnScratch attn;
     GpuMoeScratch moe;
     GpuKvStore kv;
-    bf16* z = nullptr;          // [n_max, d_model]
-    bf16* zw = nullptr;         // [n_wanted, d_model]
-    float* logits = nullptr;    // [logit_rows, vocab]
-    void* rec_send = nullptr;   // [n_max, hc, d_model] fp32 (records only)
-    void* rec_recv = nullptr;   // [p_max, hc, d_model] fp32
+    bf16* z = nullptr;         // [n_max, d_model]
+    bf16* zw = nullptr;        // [n_wanted, d_model]
+    float* logits = nullptr;   // [logit_rows, vocab]
+    void* rec_send = nullptr;  // [n_max, hc, d_model] fp32 (records only)
+    void* rec_recv = nullptr;  // [p_max, hc, d_model] fp32
 };
 
 template <class A>
@@ -238,7 +238,8 @@ size_t weight_bytes(const ModelConfig& cfg, int64_t width) {
         int64_t b = 2 * mhc + 2 * D * 4;
         b += (cfg.q_rank * D + Hd * cfg.q_rank + d * D) * 2 + (cfg.q_rank + d + cfg.n_heads) * 4;
         b += (int64_t{cfg.o_groups} * cfg.o_rank * (Hd / cfg.o_groups) +
-              D * cfg.o_groups * cfg.o_rank) * 2;
+              D * cfg.o_groups * cfg.o_rank) *
+             2;
         const AttnType t = cfg.layer_types[li];
         if (t == AttnType::HCA) b += comp(cfg.hca_ratio, d, false);
         if (t == AttnType::CSA) {
@@ -274,11 +275,14 @@ class Runner {
         ctx_.deadline = deadline;
         ctx_.timer = &timer_;
         for (auto& row : ready_)
-            for (auto& e : row) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            for (auto& e : row)
+                CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         for (auto& row : done_)
-            for (auto& e : row) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            for (auto& e : row)
+                CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         for (auto* set : {&mark_, &routed_})
-            for (auto& e : *set) CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            for (auto& e : *set)
+                CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         route_ctx_ = ctx_;
         route_ctx_.stream = dev.route;
         route_ctx_.gemm = dev.gemm_route.get();
@@ -302,9 +306,9 @@ class Runner {
     void start_route(SubState& s, int li);
     void head(SubState& s);
     oc::MhcDeviceParams mhc_params(const GpuMhc& m) const {
-        return {m.fn.as<float>(),   m.base.as<float>(),        m.scale.as<float>(),
-                cfg_.hc,            cfg_.d_model,              cfg_.hc_sinkhorn_iters,
-                float(cfg_.hc_eps), float(cfg_.norm_eps)};
+        return {
+            m.fn.as<float>(), m.base.as<float>(),     m.scale.as<float>(), cfg_.hc,
+            cfg_.d_model,     cfg_.hc_sinkhorn_iters, float(cfg_.hc_eps),  float(cfg_.norm_eps)};
     }
     void launch(Slot k, SubState& s, int64_t count, ncclDataType_t type);
     void finish(Slot k, SubState& s);
@@ -348,10 +352,10 @@ void Runner::setup() {
         s.n = s.layout.local();
         s.padded = s.layout.padded;
         const std::vector<int32_t> rm = s.layout.rank_major_tokens(*s.batch);
-        CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.pos, s.rows.pos.data(), s.n * 8,
-                                          cudaMemcpyHostToDevice, st));
-        CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.tokens_rm, rm.data(), s.padded * 4,
-                                          cudaMemcpyHostToDevice, st));
+        CPFILL_CUDA_CHECK(
+            cudaMemcpyAsync(s.pos, s.rows.pos.data(), s.n * 8, cudaMemcpyHostToDevice, st));
+        CPFILL_CUDA_CHECK(
+            cudaMemcpyAsync(s.tokens_rm, rm.data(), s.padded * 4, cudaMemcpyHostToDevice, st));
         CPFILL_CUDA_CHECK(cudaMemcpyAsync(s.tokens_local, s.rows.tokens.data(), s.n * 4,
                                           cudaMemcpyHostToDevice, st));
         s.grows.n = s.n;
@@ -429,8 +433,7 @@ void Runner::stage_x(SubState& s, int li) {
     }
     gpu_attn_output(ctx_, W_, L, li, s.grows, ws_.kv, ws_.attn, ws_.attn_out);
     if (opt_.record_topk && L.type == AttnType::CSA)
-        record_rows(s, ws_.attn.topk, cfg_.index_topk, 4, out_ ? &out_->topk[li] : nullptr,
-                    false);
+        record_rows(s, ws_.attn.topk, cfg_.index_topk, 4, out_ ? &out_->topk[li] : nullptr, false);
     ctx_.phase(Phase::Other);
     oc::mhc_post(ws_.post_attn, ws_.comb_attn, ws_.attn_out, cfg_.hc, D, n, s.h, st);
     oc::mhc_pre(mhc_params(L.hc_ffn), s.h, n, s.post, s.comb, ws_.x, st);
@@ -480,13 +483,14 @@ void Runner::record_rows(SubState& s, const void* local, int64_t width, size_t e
     const cudaStream_t st = dev_.compute;
     const int64_t n = s.n, bytes = width * static_cast<int64_t>(elem);
     ctx_.phase(Phase::Other);
-    CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.rec_send, local, n * bytes, cudaMemcpyDeviceToDevice, st));
+    CPFILL_CUDA_CHECK(
+        cudaMemcpyAsync(ws_.rec_send, local, n * bytes, cudaMemcpyDeviceToDevice, st));
     if (!opt_.no_comm)
         dev_.cp_comm->all_gather(ws_.rec_send, ws_.rec_recv, n * bytes, ncclInt8, st);
     if (dev_.rank != 0 || dst == nullptr) return;
     std::vector<char> host(s.padded * bytes);
-    CPFILL_CUDA_CHECK(cudaMemcpyAsync(host.data(), ws_.rec_recv, host.size(),
-                                      cudaMemcpyDeviceToHost, st));
+    CPFILL_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), ws_.rec_recv, host.size(), cudaMemcpyDeviceToHost, st));
     wait_stream(st, *ctx_.flag, ctx_.deadline, "recording a hidden state");
     const int C = dev_.cp;
     const int64_t out_elem = widen_bf16 ? 4 : static_cast<int64_t>(elem);
@@ -509,8 +513,8 @@ void Runner::head(SubState& s) {
     const int C = dev_.cp, r = dev_.rank;
     ctx_.phase(Phase::Other);
     oc::mhc_head(W_.hc_head_fn.as<float>(), W_.hc_head_base.as<float>(),
-                 W_.hc_head_scale.as<float>(), cfg_.hc, D, float(cfg_.hc_eps),
-                 float(cfg_.norm_eps), s.h, n, ws_.z, st);
+                 W_.hc_head_scale.as<float>(), cfg_.hc, D, float(cfg_.hc_eps), float(cfg_.norm_eps),
+                 s.h, n, ws_.z, st);
     oc::rmsnorm(ws_.z, n, D, W_.norm.as<float>(), float(cfg_.norm_eps), ws_.z, st);
     if (opt_.record_hidden)
         record_rows(s, ws_.z, D, 2, out_ ? &out_->hidden.back() : nullptr, true);
@@ -592,9 +596,8 @@ void Runner::run(GpuStats* stats) {
 
 }  // namespace
 
-void run_rank(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt,
-              const AbortFlag& flag, std::chrono::milliseconds deadline, PrefillOutput* out,
-              GpuStats* stats) {
+void run_rank(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt, const AbortFlag& flag,
+              std::chrono::milliseconds deadline, PrefillOutput* out, GpuStats* stats) {
     Runner runner(dev, plan, opt, flag, deadline, out);
     runner.run(stats);
 }

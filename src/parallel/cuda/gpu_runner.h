@@ -24,10 +24,10 @@ struct RankDevice {
     cudaStream_t compute = nullptr, comm = nullptr;
     cudaStream_t route = nullptr;  // MoE routing, so that the host's wait for the expert counts
                                    // never stalls the compute stream
-    std::unique_ptr<NcclComm> cp_comm, overlap;  // driven from compute / comm only
+    std::unique_ptr<NcclComm> cp_comm, overlap;                // driven from compute / comm only
     std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
     std::unique_ptr<GpuWeights> weights;
-    std::unique_ptr<Arena> arena;  // kept between runs; regrown when a run needs more
+    std::unique_ptr<Arena> arena;    // kept between runs; regrown when a run needs more
     int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch
     void alloc_host_counts(int n_experts);
     ~RankDevice();
@@ -36,9 +36,9 @@ struct RankDevice {
 // Everything one run needs to know besides the weights: the requests and the schedule.
 struct RunPlan {
     std::vector<std::vector<int32_t>> const* requests = nullptr;
-    Batch batch;                 // the whole batch (no chunking on the GPU)
+    Batch batch;  // the whole batch (no chunking on the GPU)
     bool tbo = false;
-    std::vector<Batch> subs;     // 1 or 2 sub-batches
+    std::vector<Batch> subs;          // 1 or 2 sub-batches
     std::vector<int64_t> row_offset;  // first row of each sub-batch in the batch
 };
 RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
@@ -52,8 +52,7 @@ size_t weight_bytes(const ModelConfig& cfg, int64_t width);
 
 // Runs the plan on this rank (its device current). rank 0 fills `out` (may be null elsewhere);
 // stats are rank 0's.
-void run_rank(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt,
-              const AbortFlag& flag, std::chrono::milliseconds deadline, PrefillOutput* out,
-              GpuStats* stats);
+void run_rank(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt, const AbortFlag& flag,
+              std::chrono::milliseconds deadline, PrefillOutput* out, GpuStats* stats);
 
 }  // namespace cpfill::cuda

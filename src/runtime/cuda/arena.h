@@ -12,7 +12,9 @@ namespace cpfill::cuda {
 
 constexpr size_t kArenaAlign = 256;
 
-inline size_t arena_round(size_t bytes) { return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+inline size_t arena_round(size_t bytes) {
+    return (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+}
 
 class Arena {
   public:

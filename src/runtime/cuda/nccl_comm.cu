@@ -24,8 +24,7 @@ std::unique_ptr<NcclComm> NcclComm::dup() {
 void NcclComm::all_gather(const void* send, void* recv, int64_t count, ncclDataType_t type,
                           cudaStream_t stream) {
     CPFILL_CHECK(!aborted_, "NCCL communicator was aborted");
-    CPFILL_NCCL_CHECK(
-        ncclAllGather(send, recv, static_cast<size_t>(count), type, comm_, stream));
+    CPFILL_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(count), type, comm_, stream));
 }
 
 void NcclComm::reduce_scatter(const void* send, void* recv, int64_t count, ncclDataType_t type,

@@ -16,11 +16,11 @@
 
 #include "core/error.h"
 
-#define CPFILL_NCCL_CHECK(expr)                                                                \
-    do {                                                                                       \
-        ncclResult_t cpfill_nr_ = (expr);                                                      \
-        if (cpfill_nr_ != ncclSuccess)                                                         \
-            CPFILL_FAIL("{} failed: {} ({})", #expr, ncclGetErrorString(cpfill_nr_),           \
+#define CPFILL_NCCL_CHECK(expr)                                                               \
+    do {                                                                                      \
+        ncclResult_t cpfill_nr_ = (expr);                                                     \
+        if (cpfill_nr_ != ncclSuccess)                                                        \
+            CPFILL_FAIL("{} failed: {} ({})", #expr, ncclGetErrorString(cpfill_nr_),          \
                         ncclGetLastError(nullptr) ? ncclGetLastError(nullptr) : "no detail"); \
     } while (0)
 
