@@ -66,6 +66,21 @@ TEST_P(CudaMhc, PreMatchesCpu) {
     EXPECT_LE(dpo.max_abs, 1e-4) << "post: " << dpo.str();
     EXPECT_LE(dco.max_abs, 1e-4) << "comb: " << dco.str();
     EXPECT_LE(dxx.rel, 1e-2) << "x: " << dxx.str();
+
+    // The variant whose mixing products come from an fp32 cuBLASLt GEMM: same tolerances.
+    ops::cuda::GemmContext gemm;
+    cuda::DeviceBuffer dmix(rows * n_mix * 4);
+    CPFILL_CUDA_CHECK(cudaMemset(dpost.as<void>(), 0xff, dpost.bytes()));  // NaN if not written
+    CPFILL_CUDA_CHECK(cudaMemset(dcomb.as<void>(), 0xff, dcomb.bytes()));
+    ops::cuda::mhc_pre(dp, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
+                       dx.as<__nv_bfloat16>(), gemm, dmix.as<float>(), nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    Diff gpo = print_diff("post (gemm)", diff(cuda::download_f32(dpost, post.size()), post));
+    Diff gco = print_diff("comb (gemm)", diff(cuda::download_f32(dcomb, comb.size()), comb));
+    Diff gxx = print_diff("x (gemm)", diff(cuda::download_bf16(dx, x.size()), x));
+    EXPECT_LE(gpo.max_abs, 1e-4) << "post (gemm): " << gpo.str();
+    EXPECT_LE(gco.max_abs, 1e-4) << "comb (gemm): " << gco.str();
+    EXPECT_LE(gxx.rel, 1e-2) << "x (gemm): " << gxx.str();
 }
 
 TEST_P(CudaMhc, PostMatchesCpu) {
@@ -134,6 +149,13 @@ TEST(CudaMhcTiming, FlashShape) {
         ops::cuda::mhc_pre(dp, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
                            dx.as<__nv_bfloat16>(), nullptr);
     });
+    ops::cuda::GemmContext gemm;
+    cuda::DeviceBuffer dmix(rows * n_mix * 4);
+    const double pre_gemm_ms = time_ms([&] {
+        ops::cuda::mhc_pre(dp, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
+                           dx.as<__nv_bfloat16>(), gemm, dmix.as<float>(), nullptr);
+    });
+    std::printf("[ timing ] mhc_pre with the fp32 GEMM: %.3f ms\n", pre_gemm_ms);
     const double post_ms = time_ms([&] {
         ops::cuda::mhc_post(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(), hc,
                             d_model, rows, dh.as<float>(), nullptr);

@@ -27,34 +27,48 @@ void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
                                       cudaMemcpyDeviceToHost, c.stream));
 }
 
-void gpu_moe_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
-                     int64_t rows, const GpuRouteScratch& r, GpuMoeScratch& s, bf16* out) {
+void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
+                     const GpuLayer& L, const bf16* y, int64_t rows, const GpuRouteScratch& r,
+                     GpuMoeScratch& s, bf16* out) {
     const ModelConfig& cfg = W.cfg;
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model, width = W.width, n_assign = rows * K;
     const float limit = float(cfg.swiglu_limit);
     c.phase(Phase::Moe);
     oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
+    // Routed experts: expert e on stream e mod kExpertStreams, each on its own rows of every
+    // buffer, so they never touch the same memory.
+    CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
+    for (int i = 0; i < kExpertStreams; ++i)
+        CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
     int64_t off = 0;
     for (int e = 0; e < E; ++e) {
         const int64_t m = r.host_counts[e];
         if (m == 0) continue;
         CPFILL_CHECK(m <= rows && off + m <= n_assign, "expert {}: {} rows of {} assignments", e, m,
                      n_assign);
-        oc::linear_bf16(*c.gemm, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D,
-                        2 * width, s.gu, nullptr, false, c.stream);
-        oc::swiglu(s.gu, m, width, limit, s.sp + off, s.act, c.stream);
-        oc::linear_bf16(*c.gemm, s.act, m, width, L.w2.as<bf16>() + e * D * width, D,
-                        s.op + off * D, nullptr, false, c.stream);
+        const cudaStream_t st = es.stream[e % kExpertStreams];
+        oc::GemmContext& g = *es.gemm[e % kExpertStreams];
+        bf16* gu = s.gu + off * 2 * width;
+        bf16* act = s.act + off * width;
+        oc::linear_bf16(g, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D, 2 * width,
+                        gu, nullptr, false, st);
+        oc::swiglu(gu, m, width, limit, s.sp + off, act, st);
+        oc::linear_bf16(g, act, m, width, L.w2.as<bf16>() + e * D * width, D, s.op + off * D,
+                        nullptr, false, st);
         off += m;
     }
     CPFILL_CHECK(off == n_assign, "expert counts sum to {}, expected {}", off, n_assign);
-    // Shared expert (this rank's slice) over all rows, in fp32, then the routed outputs added.
-    oc::linear_bf16(*c.gemm, y, rows, D, L.shared_w13.as<bf16>(), 2 * width, s.gu, nullptr, false,
-                    c.stream);
-    oc::swiglu(s.gu, rows, width, limit, nullptr, s.act, c.stream);
-    oc::linear_bf16(*c.gemm, s.act, rows, width, L.shared_w2.as<bf16>(), D, nullptr, s.acc, false,
-                    c.stream);
+    // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32.
+    oc::linear_bf16(*c.gemm, y, rows, D, L.shared_w13.as<bf16>(), 2 * width, s.gu_shared, nullptr,
+                    false, c.stream);
+    oc::swiglu(s.gu_shared, rows, width, limit, nullptr, s.act_shared, c.stream);
+    oc::linear_bf16(*c.gemm, s.act_shared, rows, width, L.shared_w2.as<bf16>(), D, nullptr, s.acc,
+                    false, c.stream);
+    for (int i = 0; i < kExpertStreams; ++i) {
+        CPFILL_CUDA_CHECK(cudaEventRecord(es.join[i], es.stream[i]));
+        CPFILL_CUDA_CHECK(cudaStreamWaitEvent(c.stream, es.join[i], 0));
+    }
     oc::combine_experts(s.acc, s.op, s.inv, rows, K, D, out, c.stream);
 }
 

@@ -27,15 +27,28 @@ struct GpuRouteScratch {
     size_t sort_bytes = 0;
 };
 
-// Expert work space, shared by the sub-batches (compute stream only).
+// Expert work space, shared by the sub-batches (their MoE stages run one after the other).
 struct GpuMoeScratch {
-    int32_t* inv = nullptr;  // [rows · top_k]
-    bf16* xp = nullptr;      // [rows · top_k, d_model]
-    float* sp = nullptr;     // [rows · top_k]
-    bf16* gu = nullptr;      // [rows, 2 · width] (an expert sees each row at most once)
-    bf16* act = nullptr;     // [rows, width]
-    bf16* op = nullptr;      // [rows · top_k, d_model]
-    float* acc = nullptr;    // [rows, d_model]
+    int32_t* inv = nullptr;      // [rows · top_k]
+    bf16* xp = nullptr;          // [rows · top_k, d_model]
+    float* sp = nullptr;         // [rows · top_k]
+    bf16* gu = nullptr;          // [rows · top_k, 2 · width] routed: each expert its own rows
+    bf16* act = nullptr;         // [rows · top_k, width]
+    bf16* op = nullptr;          // [rows · top_k, d_model]
+    bf16* gu_shared = nullptr;   // [rows, 2 · width]
+    bf16* act_shared = nullptr;  // [rows, width]
+    float* acc = nullptr;        // [rows, d_model]
+};
+
+// Streams the routed experts' GEMMs are spread over (one expert's GEMM pair alone fills only a
+// third of an H200's SMs at 64k tokens: ~1,500 rows), each with its own cuBLASLt context, and the
+// events that fork them from and join them back into the compute stream.
+constexpr int kExpertStreams = 4;
+struct GpuExpertStreams {
+    cudaStream_t stream[kExpertStreams] = {};
+    ops::cuda::GemmContext* gemm[kExpertStreams] = {};
+    cudaEvent_t fork = nullptr;
+    cudaEvent_t join[kExpertStreams] = {};
 };
 
 // On c.stream (the router stream, so the host can wait for the counts without stalling the
@@ -46,8 +59,10 @@ void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
                    const int32_t* tokens, int64_t rows, GpuRouteScratch& r);
 
 // On c.stream (compute), once r is complete and its counts are on the host: the per-expert GEMMs
-// over contiguous rows, the shared expert, the weighted sum → out bf16 [rows, d_model].
-void gpu_moe_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
-                     int64_t rows, const GpuRouteScratch& r, GpuMoeScratch& s, bf16* out);
+// over contiguous rows (spread over `es`, joined back before the combine), the shared expert on
+// c.stream meanwhile, the weighted sum → out bf16 [rows, d_model].
+void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
+                     const GpuLayer& L, const bf16* y, int64_t rows, const GpuRouteScratch& r,
+                     GpuMoeScratch& s, bf16* out);
 
 }  // namespace cpfill::cuda

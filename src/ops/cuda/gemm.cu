@@ -68,9 +68,40 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int6
                                                        pref, 1, &heur, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     CPFILL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
-                 "cuBLASLt has no algorithm for a bf16 GEMM of [{}, {}] x [{}, {}]ᵀ (status {})", n,
-                 in, out, in, static_cast<int>(st));
+                 "cuBLASLt has no algorithm for a GEMM of [{}, {}] x [{}, {}]ᵀ (status {})", n, in,
+                 out, in, static_cast<int>(st));
     return heur.algo;
+}
+
+// y (fp32 or bf16) = x·wᵀ with x, w both fp32 or both bf16; see gemm_bf16.
+void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t in, const void* w,
+               int64_t out, void* y, bool y_f32, int64_t ldy, bool accumulate, bool in_f32,
+               cudaStream_t stream) {
+    const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
+    const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
+    const GemmContext::Key key{n, in, out, ldx, ldy, y_f32, accumulate, align_key, in_f32};
+    auto it = ctx.plans().find(key);
+    if (it == ctx.plans().end()) {
+        const cudaDataType_t out_type = y_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        const cudaDataType_t in_type = in_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        Descs d;
+        CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        CPFILL_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+        CPFILL_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, in_type, in, out, in));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, in_type, in, n, ldx));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
+        const cublasLtMatmulAlgo_t algo = pick_algo(ctx, d, n, in, out, align);
+        it = ctx.plans().emplace(key, d.release(algo)).first;
+    }
+    const GemmContext::Plan& p = it->second;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y,
+                                       p.lc, y, p.lc, &p.algo, ctx.workspace(),
+                                       ctx.workspace_bytes(), stream));
 }
 
 }  // namespace
@@ -83,30 +114,15 @@ void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n,
                  in, out);
     if (n == 0 || out == 0) return;
     void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
-    const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
-    const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
-    const GemmContext::Key key{n, in, out, ldx, ldy, y_f32 != nullptr, accumulate, align_key};
-    auto it = ctx.plans().find(key);
-    if (it == ctx.plans().end()) {
-        const cudaDataType_t out_type = y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-        Descs d;
-        CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        CPFILL_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-        CPFILL_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, CUDA_R_16BF, in, out, in));
-        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_16BF, in, n, ldx));
-        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
-        const cublasLtMatmulAlgo_t algo = pick_algo(ctx, d, n, in, out, align);
-        it = ctx.plans().emplace(key, d.release(algo)).first;
-    }
-    const GemmContext::Plan& p = it->second;
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y,
-                                       p.lc, y, p.lc, &p.algo, ctx.workspace(),
-                                       ctx.workspace_bytes(), stream));
+    gemm_impl(ctx, x, ldx, n, in, w, out, y, y_f32 != nullptr, ldy, accumulate, false, stream);
+}
+
+void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t in, const float* w,
+              int64_t out, float* y, int64_t ldy, cudaStream_t stream) {
+    CPFILL_CHECK(ldx >= in && ldy >= out, "gemm_f32: strides {}, {} below widths {}, {}", ldx, ldy,
+                 in, out);
+    if (n == 0 || out == 0) return;
+    gemm_impl(ctx, x, ldx, n, in, w, out, y, true, ldy, false, true, stream);
 }
 
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,

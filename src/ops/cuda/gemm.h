@@ -25,7 +25,7 @@ class GemmContext {
     // The descriptors and cuBLASLt's heuristic choice per problem (n, in, out, ldx, ldy, fp32
     // out, accumulate, pointer alignments), made once: a repeated shape (every layer, every
     // expert of the same row count) costs only the cublasLtMatmul call on the host.
-    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int>;
+    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, bool>;
     struct Plan {
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -45,6 +45,10 @@ class GemmContext {
 void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n, int64_t in,
                const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
                int64_t ldy, bool accumulate, cudaStream_t stream);
+
+// The same in fp32 throughout (fp32 inputs, CUBLAS_COMPUTE_32F: no TF32), y[n, out] fp32.
+void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t in, const float* w,
+              int64_t out, float* y, int64_t ldy, cudaStream_t stream);
 
 // gemm_bf16 with dense rows (ldx = in, ldy = out).
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,

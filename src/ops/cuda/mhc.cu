@@ -64,11 +64,13 @@ __device__ void sinkhorn(float (&c)[HC * HC], int iters, float eps) {
 
 // kHead: hc_head (pre weights only). Otherwise the layer site: pre, post and comb.
 // kVec: float4 loads of h and fn (d_model % 4 == 0 and aligned pointers), else scalar.
-template <int HC, bool kHead, bool kVec>
+// kPre: the mixes come precomputed in `mixed` [rows, kMix]; only the sums of squares are taken.
+template <int HC, bool kHead, bool kVec, bool kPre = false>
 __global__ void __launch_bounds__(kThreads)
     mhc_collapse_kernel(const float* fn, const float* base, const float* scale, int64_t d_model,
                         int64_t rows, int sinkhorn_iters, float hc_eps, float norm_eps,
-                        const float* h, float* post, float* comb, __nv_bfloat16* x) {
+                        const float* h, float* post, float* comb, __nv_bfloat16* x,
+                        const float* mixed = nullptr) {
     constexpr int kMix = kHead ? HC : (2 + HC) * HC;
     constexpr int kVals = kMix + 1;  // the mixes, then the sum of squares
     const int64_t width = HC * d_model;
@@ -93,12 +95,14 @@ __global__ void __launch_bounds__(kThreads)
                 acc[r][kMix] +=
                     v[r].x * v[r].x + v[r].y * v[r].y + v[r].z * v[r].z + v[r].w * v[r].w;
             }
+            if constexpr (!kPre) {
 #pragma unroll
-            for (int m = 0; m < kMix; ++m) {
-                const float4 f = __ldg(fn4 + m * w4 + i);
+                for (int m = 0; m < kMix; ++m) {
+                    const float4 f = __ldg(fn4 + m * w4 + i);
 #pragma unroll
-                for (int r = 0; r < kRows; ++r)
-                    acc[r][m] += f.x * v[r].x + f.y * v[r].y + f.z * v[r].z + f.w * v[r].w;
+                    for (int r = 0; r < kRows; ++r)
+                        acc[r][m] += f.x * v[r].x + f.y * v[r].y + f.z * v[r].z + f.w * v[r].w;
+                }
             }
         }
     } else {
@@ -109,11 +113,13 @@ __global__ void __launch_bounds__(kThreads)
                 v[r] = r < n_rows ? hb[r * width + i] : 0.0f;
                 acc[r][kMix] += v[r] * v[r];
             }
+            if constexpr (!kPre) {
 #pragma unroll
-            for (int m = 0; m < kMix; ++m) {
-                const float f = __ldg(fn + m * width + i);
+                for (int m = 0; m < kMix; ++m) {
+                    const float f = __ldg(fn + m * width + i);
 #pragma unroll
-                for (int r = 0; r < kRows; ++r) acc[r][m] += f * v[r];
+                    for (int r = 0; r < kRows; ++r) acc[r][m] += f * v[r];
+                }
             }
         }
     }
@@ -134,6 +140,8 @@ __global__ void __launch_bounds__(kThreads)
         float s = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) s += partial[w][i];
+        const int r = i / kVals, m = i % kVals;
+        if (kPre && m < kMix) s = r < n_rows ? mixed[(row0 + r) * kMix + m] : 0.0f;
         total[i] = s;
     }
     __syncthreads();
@@ -229,6 +237,23 @@ void launch_collapse(const float* fn, const float* base, const float* scale, int
             fn, base, scale, d_model, rows, iters, hc_eps, norm_eps, h, post, comb, x);
 }
 
+template <int HC>
+void launch_pre_mixed(const MhcDeviceParams& p, int64_t rows, const float* h, float* post,
+                      float* comb, __nv_bfloat16* x, const float* mixes, cudaStream_t stream) {
+    const unsigned blocks = static_cast<unsigned>((rows + kRows - 1) / kRows);
+    auto aligned = [](const void* q, uintptr_t a) {
+        return reinterpret_cast<uintptr_t>(q) % a == 0;
+    };
+    if (p.d_model % 4 == 0 && aligned(h, 16) && aligned(x, 8))
+        mhc_collapse_kernel<HC, false, true, true><<<blocks, kThreads, 0, stream>>>(
+            p.fn, p.base, p.scale, p.d_model, rows, p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, post,
+            comb, x, mixes);
+    else
+        mhc_collapse_kernel<HC, false, false, true><<<blocks, kThreads, 0, stream>>>(
+            p.fn, p.base, p.scale, p.d_model, rows, p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, post,
+            comb, x, mixes);
+}
+
 // Calls f(std::integral_constant<int, hc>) for hc ∈ [1, 4].
 template <class F>
 void dispatch_hc(int hc, F&& f) {
@@ -261,6 +286,19 @@ void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post
         launch_collapse<decltype(hc)::value, false>(p.fn, p.base, p.scale, p.d_model, rows,
                                                     p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, post,
                                                     comb, x, stream);
+    });
+    CPFILL_CUDA_CHECK(cudaGetLastError());
+}
+
+void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
+             __nv_bfloat16* x, GemmContext& gemm, float* mixes, cudaStream_t stream) {
+    if (rows == 0) return;
+    CPFILL_CHECK(p.sinkhorn_iters >= 1, "mhc_pre: hc_sinkhorn_iters must be ≥ 1, found {}",
+                 p.sinkhorn_iters);
+    const int64_t n_mix = int64_t{2 + p.hc} * p.hc, width = p.hc * p.d_model;
+    gemm_f32(gemm, h, width, rows, width, p.fn, n_mix, mixes, n_mix, stream);
+    dispatch_hc(p.hc, [&](auto hc) {
+        launch_pre_mixed<decltype(hc)::value>(p, rows, h, post, comb, x, mixes, stream);
     });
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/gemm.h"
+
 namespace cpfill::ops::cuda {
 
 // Device pointers; the fields mean what they mean in ops::MhcParams. hc ∈ [1, 4].
@@ -32,6 +34,13 @@ struct MhcDeviceParams {
 // pass over h, then the per-token sigmoid / softmax / Sinkhorn, then the collapse.
 void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
              __nv_bfloat16* x, cudaStream_t stream);
+
+// The same with the (2 + hc)·hc mixing dot products done by one fp32 cuBLASLt GEMM over all rows
+// (mixes fp32 [rows, (2 + hc)·hc] scratch) — the fused kernel re-reads fn from L2 for every 4
+// tokens, ≈ 6 × the bytes of h at 4 streams of 4096; then the kernel only adds the sums of squares,
+// the per-token math and the collapse. Same results up to fp32 summation order.
+void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
+             __nv_bfloat16* x, GemmContext& gemm, float* mixes, cudaStream_t stream);
 
 // h[t, k] ← post_k · o[t] + Σ_j comb[j, k] · h[t, j], in place. post fp32 [rows, hc], comb fp32
 // [rows, hc, hc], o bf16 [rows, d_model], h fp32 [rows, hc, d_model].

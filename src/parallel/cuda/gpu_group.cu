@@ -108,6 +108,7 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
         r.overlap = r.cp_comm->dup();
         r.gemm = std::make_unique<ops::cuda::GemmContext>();
         r.gemm_route = std::make_unique<ops::cuda::GemmContext>();
+        r.init_expert_streams();
     });
 }
 

@@ -19,7 +19,22 @@ namespace cpfill::cuda {
 
 namespace oc = ops::cuda;
 
+void RankDevice::init_expert_streams() {
+    for (int i = 0; i < kExpertStreams; ++i) {
+        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&experts.stream[i], cudaStreamNonBlocking));
+        expert_gemms.push_back(std::make_unique<ops::cuda::GemmContext>());
+        experts.gemm[i] = expert_gemms.back().get();
+        CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&experts.join[i], cudaEventDisableTiming));
+    }
+    CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&experts.fork, cudaEventDisableTiming));
+}
+
 RankDevice::~RankDevice() {
+    for (int i = 0; i < kExpertStreams; ++i) {
+        if (experts.stream[i]) cudaStreamDestroy(experts.stream[i]);
+        if (experts.join[i]) cudaEventDestroy(experts.join[i]);
+    }
+    if (experts.fork) cudaEventDestroy(experts.fork);
     if (host_counts) cudaFreeHost(host_counts);
     if (compute) cudaStreamDestroy(compute);
     if (route) cudaStreamDestroy(route);
@@ -119,6 +134,7 @@ struct Workspace {
     bf16* x = nullptr;           // [n_max, d_model]
     float* post_attn = nullptr;  // [n_max, hc]
     float* comb_attn = nullptr;  // [n_max, hc, hc]
+    float* mixes = nullptr;      // [n_max, (2 + hc) · hc] mHC mixing products
     bf16* attn_out = nullptr;    // [n_max, d_model]
     bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the batch, global order
     GpuAttnScratch attn;
@@ -170,6 +186,7 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     w.x = a.template take<bf16>(n * D);
     w.post_attn = a.template take<float>(n * hc);
     w.comb_attn = a.template take<float>(n * hc * hc);
+    w.mixes = a.template take<float>(n * (2 + hc) * hc);
     w.attn_out = a.template take<bf16>(n * D);
     w.staging = a.template take<bf16>((d.T + cp) * d.w_max);
     GpuAttnScratch& s = w.attn;
@@ -189,9 +206,11 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     m.inv = a.template take<int32_t>(P * K);
     m.xp = a.template take<bf16>(P * K * D);
     m.sp = a.template take<float>(P * K);
-    m.gu = a.template take<bf16>(P * 2 * width);  // an expert sees each row at most once
-    m.act = a.template take<bf16>(P * width);
+    m.gu = a.template take<bf16>(P * K * 2 * width);
+    m.act = a.template take<bf16>(P * K * width);
     m.op = a.template take<bf16>(P * K * D);
+    m.gu_shared = a.template take<bf16>(P * 2 * width);
+    m.act_shared = a.template take<bf16>(P * width);
     m.acc = a.template take<float>(P * D);
     w.kv.assign(plan.requests->size(), std::vector<GpuLayerKv>(cfg.n_layers));
     for (size_t r = 0; r < plan.requests->size(); ++r) {
@@ -415,7 +434,8 @@ void Runner::stage_x(SubState& s, int li) {
 
     if (li > 0) finish_moe(s, li - 1);
     ctx_.phase(Phase::Other);
-    oc::mhc_pre(mhc_params(L.hc_attn), s.h, n, ws_.post_attn, ws_.comb_attn, ws_.x, st);
+    oc::mhc_pre(mhc_params(L.hc_attn), s.h, n, ws_.post_attn, ws_.comb_attn, ws_.x, *dev_.gemm,
+                ws_.mixes, st);
     oc::rmsnorm(ws_.x, n, D, L.attn_norm.as<float>(), eps, ws_.x, st);
     const int64_t width = packed_width(cfg_, L.type);
     gpu_attn_pack(ctx_, W_, L, s.grows, ws_.x, s.send[kAttn], ws_.attn);
@@ -436,7 +456,7 @@ void Runner::stage_x(SubState& s, int li) {
         record_rows(s, ws_.attn.topk, cfg_.index_topk, 4, out_ ? &out_->topk[li] : nullptr, false);
     ctx_.phase(Phase::Other);
     oc::mhc_post(ws_.post_attn, ws_.comb_attn, ws_.attn_out, cfg_.hc, D, n, s.h, st);
-    oc::mhc_pre(mhc_params(L.hc_ffn), s.h, n, s.post, s.comb, ws_.x, st);
+    oc::mhc_pre(mhc_params(L.hc_ffn), s.h, n, s.post, s.comb, ws_.x, *dev_.gemm, ws_.mixes, st);
     oc::rmsnorm(ws_.x, n, D, L.ffn_norm.as<float>(), eps, s.send[kMoeGather], st);
     launch(kMoeGather, s, n * D, ncclBfloat16);
     start_route(s, li);
@@ -462,8 +482,8 @@ void Runner::stage_y(SubState& s, int li) {
     wait_event(routed_[s.index], *ctx_.flag, ctx_.deadline, "MoE routing");
     ctx_.phase(Phase::Moe);
     CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.compute, routed_[s.index], 0));
-    gpu_moe_experts(ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.padded, s.route, ws_.moe,
-                    s.send[kScatter]);
+    gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], s.recv[kMoeGather], s.padded, s.route,
+                    ws_.moe, s.send[kScatter]);
     launch(kScatter, s, s.n * cfg_.d_model, ncclBfloat16);
 }
 

@@ -12,6 +12,7 @@
 
 #include "model/batch.h"
 #include "model/cuda/gpu_context.h"
+#include "model/cuda/gpu_moe.h"
 #include "model/cuda/gpu_weights.h"
 #include "parallel/gpu_prefill.h"
 #include "runtime/cuda/arena.h"
@@ -26,6 +27,9 @@ struct RankDevice {
                                    // never stalls the compute stream
     std::unique_ptr<NcclComm> cp_comm, overlap;                // driven from compute / comm only
     std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
+    GpuExpertStreams experts;  // the routed experts' streams (init_expert_streams)
+    std::vector<std::unique_ptr<ops::cuda::GemmContext>> expert_gemms;
+    void init_expert_streams();
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<Arena> arena;    // kept between runs; regrown when a run needs more
     int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch
