@@ -40,6 +40,7 @@ struct GpuRunOptions {
     // result is WRONG; used to measure exposed communication (performance.md).
     bool no_comm = false;
     bool phase_timing = false;  // CUDA events around each phase on rank 0 (GpuStats::phases)
+    int fail_rank = -1;         // tests: this rank throws at layer 1, before its collectives
 };
 
 // Seconds on rank 0's GPU, from CUDA events. Phases partition the layer loop's compute stream:

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
 
 #include "../golden/golden_util.h"
@@ -241,6 +242,46 @@ TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
         for (size_t r = 0; r < two.logits.size(); ++r)
             EXPECT_TRUE(close(fmt::format("{} CP=2 logits {} vs HF", dir, r), two.logits[r],
                               f2.ref->get("logits" + f2.suffix(static_cast<int>(r))), kTolerance));
+    }
+}
+
+TEST(GpuPrefill, FailingRankStopsItsPeer) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
+    Fixture f = load_fixture(golden_fixtures()[0], 2);
+    GpuGroupOptions go;
+    go.cp = 2;
+    GpuGroup g(go);
+    std::vector<const ModelWeights*> views;
+    for (auto& w : f.ranks) views.push_back(&w);
+    g.load(views);
+    for (int failing : {1, 0}) {
+        GpuRunOptions o;
+        o.tbo = failing == 1 ? TboMode::Off : TboMode::On;
+        o.fail_rank = failing;
+        GpuGroup* group = &g;
+        std::unique_ptr<GpuGroup> fresh;
+        if (failing == 0) {  // the first failure stopped g for good: a new group
+            fresh = std::make_unique<GpuGroup>(go);
+            fresh->load(views);
+            group = fresh.get();
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            group->run(f.requests, o);
+            FAIL() << "expected the injected fault of rank " << failing;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("injected fault"), std::string::npos) << e.what();
+        }
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_LT(s, 30.0) << "the peer of the failed rank " << failing << " took " << s << " s";
+        try {
+            group->run(f.requests, GpuRunOptions{});
+            FAIL() << "a stopped group must refuse to run";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("earlier failure"), std::string::npos) << e.what();
+        }
     }
 }
 

@@ -433,6 +433,8 @@ void Runner::stage_x(SubState& s, int li) {
     const float eps = float(cfg_.norm_eps);
 
     if (li > 0) finish_moe(s, li - 1);
+    CPFILL_CHECK(!(opt_.fail_rank == dev_.rank && li == 1),
+                 "injected fault (GpuRunOptions::fail_rank) at layer {}", li);
     ctx_.phase(Phase::Other);
     oc::mhc_pre(mhc_params(L.hc_attn), s.h, n, ws_.post_attn, ws_.comb_attn, ws_.x, *dev_.gemm,
                 ws_.mixes, st);
