@@ -101,14 +101,11 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
     // NCCL init is collective: every local rank joins at once, on its own thread.
     g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
         RankDevice& r = *g.ranks[i];
-        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.compute, cudaStreamNonBlocking));
-        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.comm, cudaStreamNonBlocking));
-        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&r.route, cudaStreamNonBlocking));
+        r.init_streams();
         r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
         r.overlap = r.cp_comm->dup();
         r.gemm = std::make_unique<ops::cuda::GemmContext>();
         r.gemm_route = std::make_unique<ops::cuda::GemmContext>();
-        r.init_expert_streams();
     });
 }
 

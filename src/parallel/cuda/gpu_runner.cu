@@ -19,26 +19,22 @@ namespace cpfill::cuda {
 
 namespace oc = ops::cuda;
 
-void RankDevice::init_expert_streams() {
+void RankDevice::init_streams() {
+    streams = std::make_unique<RankStreams>();
+    compute = streams->compute;
+    comm = streams->comm;
+    route = streams->route;
     for (int i = 0; i < kExpertStreams; ++i) {
-        CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&experts.stream[i], cudaStreamNonBlocking));
+        experts.stream[i] = streams->experts[i];
         expert_gemms.push_back(std::make_unique<ops::cuda::GemmContext>());
         experts.gemm[i] = expert_gemms.back().get();
-        CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&experts.join[i], cudaEventDisableTiming));
+        experts.join[i] = streams->expert_join[i].native();
     }
-    CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&experts.fork, cudaEventDisableTiming));
+    experts.fork = streams->expert_fork.native();
 }
 
 RankDevice::~RankDevice() {
-    for (int i = 0; i < kExpertStreams; ++i) {
-        if (experts.stream[i]) cudaStreamDestroy(experts.stream[i]);
-        if (experts.join[i]) cudaEventDestroy(experts.join[i]);
-    }
-    if (experts.fork) cudaEventDestroy(experts.fork);
     if (host_counts) cudaFreeHost(host_counts);
-    if (compute) cudaStreamDestroy(compute);
-    if (route) cudaStreamDestroy(route);
-    if (comm) cudaStreamDestroy(comm);
 }
 
 void RankDevice::alloc_host_counts(int n_experts) {
@@ -293,27 +289,10 @@ class Runner {
         ctx_.flag = &flag;
         ctx_.deadline = deadline;
         ctx_.timer = &timer_;
-        for (auto& row : ready_)
-            for (auto& e : row)
-                CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        for (auto& row : done_)
-            for (auto& e : row)
-                CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        for (auto* set : {&mark_, &routed_})
-            for (auto& e : *set)
-                CPFILL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         route_ctx_ = ctx_;
         route_ctx_.stream = dev.route;
         route_ctx_.gemm = dev.gemm_route.get();
         route_ctx_.timer = nullptr;
-    }
-    ~Runner() {
-        for (auto& row : ready_)
-            for (auto& e : row) cudaEventDestroy(e);
-        for (auto& row : done_)
-            for (auto& e : row) cudaEventDestroy(e);
-        for (auto* set : {&mark_, &routed_})
-            for (auto& e : *set) cudaEventDestroy(e);
     }
     void run(GpuStats* stats);
 
@@ -344,8 +323,8 @@ class Runner {
     Dims dims_;
     GpuCtx ctx_, route_ctx_;
     Workspace ws_;
-    std::array<std::array<cudaEvent_t, 2>, kSlots> ready_{}, done_{};
-    std::array<cudaEvent_t, 2> mark_{}, routed_{};  // per sub-batch: compute point, routing done
+    std::array<std::array<CudaEvent, 2>, kSlots> ready_, done_;  // per (slot, sub-batch)
+    std::array<CudaEvent, 2> mark_, routed_;  // per sub-batch: compute point, routing done
 };
 
 void Runner::setup() {
@@ -410,19 +389,19 @@ void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
             dev_.cp_comm->all_gather(send, recv, count, type, dev_.compute);
         return;
     }
-    CPFILL_CUDA_CHECK(cudaEventRecord(ready_[k][s.index], dev_.compute));
-    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.comm, ready_[k][s.index], 0));
+    ready_[k][s.index].record(dev_.compute);
+    ready_[k][s.index].make_wait(dev_.comm);
     if (scatter)
         dev_.overlap->reduce_scatter(send, recv, count, type, dev_.comm);
     else
         dev_.overlap->all_gather(send, recv, count, type, dev_.comm);
-    CPFILL_CUDA_CHECK(cudaEventRecord(done_[k][s.index], dev_.comm));
+    done_[k][s.index].record(dev_.comm);
 }
 
 void Runner::finish(Slot k, SubState& s) {
     if (opt_.no_comm || !plan_.tbo) return;
     ctx_.phase(Phase::Collectives);
-    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.compute, done_[k][s.index], 0));
+    done_[k][s.index].make_wait(dev_.compute);
 }
 
 // X: [finish the previous layer's MoE] → attention → launch the MoE-input all-gather.
@@ -468,22 +447,21 @@ void Runner::stage_x(SubState& s, int li) {
 // point of the compute stream (Y of the previous layer has read the routing buffers) and after the
 // gather (on the comm stream with TBO, else in compute order).
 void Runner::start_route(SubState& s, int li) {
-    CPFILL_CUDA_CHECK(cudaEventRecord(mark_[s.index], dev_.compute));
-    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.route, mark_[s.index], 0));
-    if (plan_.tbo && !opt_.no_comm)
-        CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.route, done_[kMoeGather][s.index], 0));
+    mark_[s.index].record(dev_.compute);
+    mark_[s.index].make_wait(dev_.route);
+    if (plan_.tbo && !opt_.no_comm) done_[kMoeGather][s.index].make_wait(dev_.route);
     gpu_moe_route(route_ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.tokens_rm, s.padded,
                   s.route);
-    CPFILL_CUDA_CHECK(cudaEventRecord(routed_[s.index], dev_.route));
+    routed_[s.index].record(dev_.route);
 }
 
 // Y: wait for the MoE input of all rows → this rank's expert slices → launch the reduce-scatter.
 void Runner::stage_y(SubState& s, int li) {
     finish(kMoeGather, s);
     // The expert GEMMs are sized from the counts: the host waits for the router stream only.
-    wait_event(routed_[s.index], *ctx_.flag, ctx_.deadline, "MoE routing");
+    wait_event(routed_[s.index].native(), *ctx_.flag, ctx_.deadline, "MoE routing");
     ctx_.phase(Phase::Moe);
-    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(dev_.compute, routed_[s.index], 0));
+    routed_[s.index].make_wait(dev_.compute);
     gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], s.recv[kMoeGather], s.padded, s.route,
                     ws_.moe, s.send[kScatter]);
     launch(kScatter, s, s.n * cfg_.d_model, ncclBfloat16);

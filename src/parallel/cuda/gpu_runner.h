@@ -17,19 +17,28 @@
 #include "parallel/gpu_prefill.h"
 #include "runtime/cuda/arena.h"
 #include "runtime/cuda/nccl_comm.h"
+#include "runtime/cuda/stream.h"
 
 namespace cpfill::cuda {
 
+// The streams and events of one rank, created on its thread with its device current.
+struct RankStreams {
+    CudaStream compute, comm;
+    CudaStream route;  // MoE routing, so that the host's wait for the expert counts never stalls
+                       // the compute stream
+    CudaStream experts[kExpertStreams];  // the routed experts' GEMMs (GpuExpertStreams)
+    CudaEvent expert_fork, expert_join[kExpertStreams];
+};
+
 struct RankDevice {
     int rank = 0, cp = 1, device = 0;
-    cudaStream_t compute = nullptr, comm = nullptr;
-    cudaStream_t route = nullptr;  // MoE routing, so that the host's wait for the expert counts
-                                   // never stalls the compute stream
+    std::unique_ptr<RankStreams> streams;  // owns what the handles below name (destroyed last)
+    cudaStream_t compute = nullptr, comm = nullptr, route = nullptr;
     std::unique_ptr<NcclComm> cp_comm, overlap;                // driven from compute / comm only
     std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
-    GpuExpertStreams experts;  // the routed experts' streams (init_expert_streams)
+    GpuExpertStreams experts;  // the routed experts' streams (init_streams)
     std::vector<std::unique_ptr<ops::cuda::GemmContext>> expert_gemms;
-    void init_expert_streams();
+    void init_streams();  // on the rank's thread, its device current
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<Arena> arena;    // kept between runs; regrown when a run needs more
     int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch
