@@ -3,11 +3,17 @@
 //    the tie rule (lower index first) included;
 //  * random data (bf16 operands, fp32 sums in a different order): an entry may differ only where
 //    its CPU score lies within 1e-4 of the tensor's scale from the CPU's k-th score (a near-tie).
-// Also: −1 padding after min(top_k, eligible) entries, ascending order, chunked scratch.
+// Also: −1 padding after min(top_k, eligible) entries, ascending order, every slot written (the
+// outputs and the scores scratch are poisoned first), chunked scratch. The grid of shapes covers
+// heads < 64, dims 16 … 128, query counts that are no multiple of the kernel's 8 per block,
+// unsorted positions, eligible counts on both sides of the scoring kernel's 16-key, 128-key and
+// 2048-entry steps and of the top-k kernel's 24576-entry cache. DISABLED_ timing tests at 64k and
+// 128k tokens print the scoring rate and the top-k time apart.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "cuda_test_util.h"
@@ -19,14 +25,7 @@ namespace {
 
 using namespace test_cuda;
 
-struct IndexerCase {
-    int n_heads, dim;
-    int64_t n_tokens;  // entries = n_tokens / 4
-    int64_t top_k;
-    bool integer;          // exact integer data, scale 1
-    int64_t scratch_rows;  // queries per scores chunk (0: all)
-    std::vector<int64_t> pos;
-};
+constexpr int kRatio = 4;
 
 std::vector<float> random_ints(size_t n, uint64_t seed, int lo, int hi) {
     std::mt19937_64 rng(seed);
@@ -36,70 +35,119 @@ std::vector<float> random_ints(size_t n, uint64_t seed, int lo, int hi) {
     return v;
 }
 
-class CudaIndexer : public ::testing::TestWithParam<IndexerCase> {};
+// One indexer call on the host; query i uses the q and weight rows i % period (the timing tests
+// repeat a few thousand distinct queries instead of drawing gigabytes).
+struct HostIndexer {
+    int n_heads = 0, dim = 0;
+    int64_t n_ent = 0, top_k = 0, period = 0;
+    float scale = 0.0f;
+    std::vector<float> q;     // [period, n_heads, dim], bf16-exact
+    std::vector<float> w;     // [period, n_heads]
+    std::vector<float> keys;  // [n_ent, dim], bf16-exact
+    std::vector<int64_t> pos;
 
-TEST_P(CudaIndexer, SelectsTheCpuSet) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    const IndexerCase c = GetParam();
-    SCOPED_TRACE(testing::Message()
-                 << "heads " << c.n_heads << ", dim " << c.dim << ", tokens " << c.n_tokens
-                 << ", top_k " << c.top_k << ", integer " << c.integer << ", seeds 80-82");
-    const int ratio = 4;
-    const int64_t n_q = static_cast<int64_t>(c.pos.size()), n_ent = c.n_tokens / ratio;
-    const int64_t hd = int64_t{c.n_heads} * c.dim;
-    std::vector<float> q, keys, w;
-    float scale;
-    if (c.integer) {
-        q = random_ints(n_q * hd, 80, -3, 3);
-        keys = random_ints(n_ent * c.dim, 81, -2, 2);
-        w = random_ints(n_q * c.n_heads, 82, -1, 3);
-        scale = 1.0f;
+    int64_t n_q() const { return static_cast<int64_t>(pos.size()); }
+    const float* q_row(int64_t i) const { return q.data() + (i % period) * n_heads * dim; }
+    const float* w_row(int64_t i) const { return w.data() + (i % period) * n_heads; }
+    int64_t eligible(int64_t i) const { return std::min((pos[i] + 1) / kRatio, n_ent); }
+};
+
+// Seeds 80–82: integer data (scale 1) or normal bf16 queries and keys with n_heads^−½ weights.
+HostIndexer make_inputs(int n_heads, int dim, int64_t n_ent, int64_t top_k, bool integer,
+                        std::vector<int64_t> pos, int64_t period) {
+    HostIndexer h;
+    h.n_heads = n_heads;
+    h.dim = dim;
+    h.n_ent = n_ent;
+    h.top_k = top_k;
+    h.pos = std::move(pos);
+    h.period = std::min<int64_t>(period, h.n_q());
+    const int64_t hd = int64_t{n_heads} * dim;
+    if (integer) {
+        h.q = random_ints(h.period * hd, 80, -3, 3);
+        h.keys = random_ints(n_ent * dim, 81, -2, 2);
+        h.w = random_ints(h.period * n_heads, 82, -1, 3);
+        h.scale = 1.0f;
     } else {
-        q = random_bf16(n_q * hd, 80);
-        keys = random_bf16(n_ent * c.dim, 81);
-        w = random_f32(n_q * c.n_heads, 82, 1.0f / std::sqrt(static_cast<float>(c.n_heads)));
-        scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+        h.q = random_bf16(h.period * hd, 80);
+        h.keys = random_bf16(n_ent * dim, 81);
+        h.w = random_f32(h.period * n_heads, 82, 1.0f / std::sqrt(static_cast<float>(n_heads)));
+        h.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    }
+    return h;
+}
+
+// `total` bytes on the device holding src's first `period` bytes over and over.
+cuda::DeviceBuffer repeat(cuda::DeviceBuffer src, size_t period, size_t total) {
+    if (period >= total) return src;
+    cuda::DeviceBuffer b(total);
+    for (size_t at = 0; at < total; at += period)
+        CPFILL_CUDA_CHECK(cudaMemcpy(b.as<char>() + at, src.as<char>(),
+                                     std::min(period, total - at), cudaMemcpyDeviceToDevice));
+    return b;
+}
+
+// The device side of a HostIndexer: inputs, the idx output and a scores scratch for
+// `scratch_rows` queries per chunk (0: all), both poisoned with 0x7f7f7f7f (an index past every
+// eligible count, a score of 3.4e38 that the top-k would pick if it read an unwritten one).
+struct DeviceIndexer {
+    cuda::DeviceBuffer q, w, keys, pos, idx, scores;
+    int64_t scores_floats = 0;
+    ops::cuda::IndexerArgs args;
+
+    DeviceIndexer(const HostIndexer& h, int64_t scratch_rows) {
+        const int64_t n_q = h.n_q(), hd = int64_t{h.n_heads} * h.dim;
+        q = repeat(cuda::upload_bf16(h.q.data(), h.q.size()), h.q.size() * 2, n_q * hd * 2);
+        w = repeat(upload(h.w), h.w.size() * 4, n_q * h.n_heads * 4);
+        keys = cuda::upload_bf16(h.keys.data(), std::max<size_t>(h.keys.size(), 1));
+        pos = upload(h.pos);
+        idx = cuda::DeviceBuffer(n_q * h.top_k * 4);
+        scores_floats = (scratch_rows ? scratch_rows : n_q) * std::max<int64_t>(h.n_ent, 1);
+        scores = cuda::DeviceBuffer(scores_floats * 4);
+        args.q = q.as<__nv_bfloat16>();
+        args.weight = w.as<float>();
+        args.pos = pos.as<int64_t>();
+        args.n_q = n_q;
+        args.n_heads = h.n_heads;
+        args.dim = h.dim;
+        args.keys = keys.as<__nv_bfloat16>();
+        args.n_entries = h.n_ent;
+        args.ratio = kRatio;
+        args.top_k = h.top_k;
+        args.scale = h.scale;
+        args.idx = idx.as<int32_t>();
     }
 
-    auto dq = cuda::upload_bf16(q.data(), q.size());
-    auto dkeys = cuda::upload_bf16(keys.data(), std::max<size_t>(keys.size(), 1));
-    auto dw = upload(w), dpos = upload(c.pos);
-    cuda::DeviceBuffer didx(n_q * c.top_k * 4);
-    const int64_t rows = c.scratch_rows ? c.scratch_rows : n_q;
-    cuda::DeviceBuffer dscores(rows * std::max<int64_t>(n_ent, 1) * 4);
-    ops::cuda::IndexerArgs a;
-    a.q = dq.as<__nv_bfloat16>();
-    a.weight = dw.as<float>();
-    a.pos = dpos.as<int64_t>();
-    a.n_q = n_q;
-    a.n_heads = c.n_heads;
-    a.dim = c.dim;
-    a.keys = dkeys.as<__nv_bfloat16>();
-    a.n_entries = n_ent;
-    a.ratio = ratio;
-    a.top_k = c.top_k;
-    a.scale = scale;
-    a.idx = didx.as<int32_t>();
-    ops::cuda::indexer_topk(a, dscores.as<float>(), rows * std::max<int64_t>(n_ent, 1), nullptr);
-    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-    auto got = download<int32_t>(didx, n_q * c.top_k);
+    std::vector<int32_t> run() {
+        CPFILL_CUDA_CHECK(cudaMemset(idx.as<void>(), 0x7f, idx.bytes()));
+        CPFILL_CUDA_CHECK(cudaMemset(scores.as<void>(), 0x7f, scores.bytes()));
+        ops::cuda::indexer_topk(args, scores.as<float>(), scores_floats, nullptr);
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+        return download<int32_t>(idx, args.n_q * args.top_k);
+    }
+};
 
-    std::vector<int32_t> ref(c.top_k);
-    std::vector<float> scratch, score(n_ent);
-    int64_t near_ties = 0;
-    for (int64_t i = 0; i < n_q; ++i) {
-        const int64_t elig = std::min((c.pos[i] + 1) / ratio, n_ent);
-        scratch.resize((c.n_heads + 1) * std::max<int64_t>(elig, 1));
+// Checks the GPU's selection `got` [n_q, top_k] of the queries `which` against indexer_select:
+// layout (ascending indices, then −1) and the set, equal or differing only by near-ties (never
+// for `exact` data). Adds the near-tie swaps to *near_ties.
+void expect_cpu_sets(const HostIndexer& h, const std::vector<int32_t>& got,
+                     const std::vector<int64_t>& which, bool exact, int64_t* near_ties) {
+    std::vector<int32_t> ref(h.top_k);
+    std::vector<float> scratch;
+    for (int64_t i : which) {
+        const int64_t elig = h.eligible(i);
+        scratch.resize((h.n_heads + 1) * std::max<int64_t>(elig, 1));
         const int64_t k =
-            ops::indexer_select(q.data() + i * hd, w.data() + i * c.n_heads, c.n_heads, c.dim,
-                                keys.data(), elig, c.top_k, scale, ref.data(), scratch.data());
-        const float* s_cpu = scratch.data() + c.n_heads * elig;  // the CPU's scores
-        const int32_t* g = got.data() + i * c.top_k;
-        SCOPED_TRACE(testing::Message() << "query " << i << " at position " << c.pos[i]);
-        for (int64_t j = 0; j < c.top_k; ++j) {
+            ops::indexer_select(h.q_row(i), h.w_row(i), h.n_heads, h.dim, h.keys.data(), elig,
+                                h.top_k, h.scale, ref.data(), scratch.data());
+        const float* s_cpu = scratch.data() + h.n_heads * elig;  // the CPU's scores
+        const int32_t* g = got.data() + i * h.top_k;
+        SCOPED_TRACE(testing::Message() << "query " << i << " at position " << h.pos[i] << ", "
+                                        << elig << " eligible");
+        for (int64_t j = 0; j < h.top_k; ++j) {
             if (j < k) {
                 ASSERT_GE(g[j], 0) << "slot " << j << " of " << k;
-                ASSERT_LT(g[j], elig);
+                ASSERT_LT(g[j], elig) << "slot " << j;
                 if (j > 0) {
                     ASSERT_LT(g[j - 1], g[j]) << "not ascending at slot " << j;
                 }
@@ -109,16 +157,44 @@ TEST_P(CudaIndexer, SelectsTheCpuSet) {
         }
         std::set<int32_t> a_set(g, g + k), b_set(ref.begin(), ref.begin() + k);
         if (a_set == b_set) continue;
-        ASSERT_FALSE(c.integer) << "exact scores, yet the sets differ";
+        ASSERT_FALSE(exact) << "exact scores, yet the sets differ";
         float scale_s = 0;
         for (int64_t e = 0; e < elig; ++e) scale_s = std::max(scale_s, std::abs(s_cpu[e]));
         const float kth = s_cpu[ref[k - 1]];
         for (int32_t e : a_set)
             if (!b_set.count(e)) {
                 EXPECT_LE(std::abs(s_cpu[e] - kth), 1e-4f * scale_s) << "entry " << e;
-                ++near_ties;
+                ++*near_ties;
             }
     }
+}
+
+struct IndexerCase {
+    int n_heads, dim;
+    int64_t n_tokens;  // entries = n_tokens / 4
+    int64_t top_k;
+    bool integer;          // exact integer data, scale 1
+    int64_t scratch_rows;  // queries per scores chunk (0: all)
+    std::vector<int64_t> pos;
+};
+
+class CudaIndexer : public ::testing::TestWithParam<IndexerCase> {};
+
+TEST_P(CudaIndexer, SelectsTheCpuSet) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const IndexerCase c = GetParam();
+    SCOPED_TRACE(testing::Message()
+                 << "heads " << c.n_heads << ", dim " << c.dim << ", tokens " << c.n_tokens
+                 << ", top_k " << c.top_k << ", integer " << c.integer << ", chunk rows "
+                 << c.scratch_rows << ", seeds 80-82");
+    const HostIndexer h = make_inputs(c.n_heads, c.dim, c.n_tokens / kRatio, c.top_k, c.integer,
+                                      c.pos, static_cast<int64_t>(c.pos.size()));
+    DeviceIndexer d(h, c.scratch_rows);
+    const std::vector<int32_t> got = d.run();
+    std::vector<int64_t> all(h.n_q());
+    for (int64_t i = 0; i < h.n_q(); ++i) all[i] = i;
+    int64_t near_ties = 0;
+    expect_cpu_sets(h, got, all, c.integer, &near_ties);
     if (near_ties) std::printf("[ info ] %lld near-tie swaps\n", static_cast<long long>(near_ties));
 }
 
@@ -130,6 +206,22 @@ std::vector<int64_t> positions(int64_t from, int64_t to, int64_t step) {
 
 std::vector<int64_t> edges() { return {0, 1, 2, 3, 4, 7, 8, 63, 64, 65, 66, 67, 130, 399}; }
 
+// 18 queries whose eligible counts straddle the 16-key sub-tiles, the 128-key tiles and the
+// 2048-entry splits of the scoring kernel (position 4e − 1 has e eligible entries, 4e + 2 too).
+std::vector<int64_t> tile_edges() {
+    std::vector<int64_t> p;
+    for (int64_t e : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049, 2111, 4096, 4097})
+        p.push_back(4 * e - 1);
+    p.push_back(4 * 65 + 2);
+    p.push_back(4 * 2048 + 2);
+    return p;
+}
+
+std::vector<int64_t> reversed(std::vector<int64_t> p) {
+    std::reverse(p.begin(), p.end());
+    return p;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, CudaIndexer,
     ::testing::Values(
@@ -139,39 +231,119 @@ INSTANTIATE_TEST_SUITE_P(
         IndexerCase{4, 128, 400, 16, false, 0, edges()},
         IndexerCase{64, 128, 5000, 512, false, 0, positions(0, 5000, 61)},      // V4-Flash
         IndexerCase{64, 128, 9000, 1024, false, 7, positions(4000, 9000, 97)},  // V4-Pro
-        IndexerCase{33, 48, 260, 1, false, 0, positions(0, 260, 1)}));
+        IndexerCase{33, 48, 260, 1, false, 0, positions(0, 260, 1)},
+        // Tile and split edges: exact at the model's shape; random with 48 heads × 64, positions
+        // descending, chunks of 5 queries.
+        IndexerCase{64, 128, 16500, 64, true, 0, tile_edges()},
+        IndexerCase{48, 64, 16500, 200, false, 5, reversed(tile_edges())},
+        // The smallest shape, one query per block row, chunks of 3.
+        IndexerCase{1, 16, 1000, 8, true, 3, positions(0, 1000, 13)},
+        // Eligible counts top_k − 1 … top_k + 2, one query per chunk; dim 96 (6 k-steps).
+        IndexerCase{64, 128, 1200, 100, true, 1, {395, 399, 403, 404, 407, 1199}},
+        IndexerCase{64, 96, 3000, 30, false, 0, positions(1, 3000, 29)},
+        // Exact ties across the top-k cache (24576 entries); random data at the 64k shape in
+        // chunks of 2.
+        IndexerCase{8, 64, 100000, 512, true, 0, {99999, 98303, 98307, 65535, 40003, 2051, 8191}},
+        IndexerCase{64, 128, 66000, 512, false, 2, {65999, 65535, 65540, 30000, 12}}));
 
 TEST(CudaIndexerTiming, FlashShape) {
     CPFILL_SKIP_WITHOUT_GPU();
     // 1024 queries at positions 15360…16383 over 4096 entries, 64 heads × 128, top-512.
-    const int n_heads = 64, dim = 128;
-    const int64_t n_q = 1024, n_ent = 4096, top_k = 512;
-    std::vector<int64_t> pos(n_q);
-    for (int64_t i = 0; i < n_q; ++i) pos[i] = 15360 + i;
-    auto dq = cuda::upload_bf16(random_bf16(n_q * n_heads * dim, 90).data(), n_q * n_heads * dim);
-    auto dkeys = cuda::upload_bf16(random_bf16(n_ent * dim, 91).data(), n_ent * dim);
-    auto dw = upload(random_f32(n_q * n_heads, 92, 0.125f)), dpos = upload(pos);
-    cuda::DeviceBuffer didx(n_q * top_k * 4), dscores(n_q * n_ent * 4);
-    ops::cuda::IndexerArgs a;
-    a.q = dq.as<__nv_bfloat16>();
-    a.weight = dw.as<float>();
-    a.pos = dpos.as<int64_t>();
-    a.n_q = n_q;
-    a.n_heads = n_heads;
-    a.dim = dim;
-    a.keys = dkeys.as<__nv_bfloat16>();
-    a.n_entries = n_ent;
-    a.top_k = top_k;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(dim));
-    a.idx = didx.as<int32_t>();
-    const double ms =
-        time_ms([&] { ops::cuda::indexer_topk(a, dscores.as<float>(), n_q * n_ent, nullptr); });
-    const double flops = 2.0 * n_q * n_ent * n_heads * dim;
+    const int64_t n_q = 1024;
+    HostIndexer h = make_inputs(64, 128, 4096, 512, false, positions(15360, 15360 + n_q, 1), n_q);
+    DeviceIndexer d(h, 0);
+    const double ms = time_ms(
+        [&] { ops::cuda::indexer_topk(d.args, d.scores.as<float>(), d.scores_floats, nullptr); });
+    const double flops = 2.0 * n_q * h.n_ent * h.n_heads * h.dim;
     std::printf(
         "[ timing ] indexer %lld queries x %lld entries, top-%lld: %.3f ms, %.1f TFLOP/s "
         "(scores + top-k)\n",
-        static_cast<long long>(n_q), static_cast<long long>(n_ent), static_cast<long long>(top_k),
-        ms, flops / (ms * 1e-3) / 1e12);
+        static_cast<long long>(n_q), static_cast<long long>(h.n_ent),
+        static_cast<long long>(h.top_k), ms, flops / (ms * 1e-3) / 1e12);
+}
+
+struct SplitTimes {
+    double all_ms = 0, score_ms = 0, topk_ms = 0;
+};
+
+// Times one indexer_topk call, and apart its scoring kernels and its top-k kernels: the call is
+// captured into a CUDA graph whose kernel nodes are split by kernel name ("score" or not) into
+// two graphs. Alone, the top-k graph re-reads the last chunk's scores (same sizes, other values).
+SplitTimes time_split(const DeviceIndexer& d) {
+    cudaStream_t stream = nullptr;
+    CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ops::cuda::indexer_topk(d.args, d.scores.as<float>(), d.scores_floats, stream);  // warm-up
+    CPFILL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graphs[3] = {};  // the call, its scoring kernels, its top-k kernels
+    CPFILL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    ops::cuda::indexer_topk(d.args, d.scores.as<float>(), d.scores_floats, stream);
+    CPFILL_CUDA_CHECK(cudaStreamEndCapture(stream, &graphs[0]));
+    size_t n_nodes = 0;
+    CPFILL_CUDA_CHECK(cudaGraphGetNodes(graphs[0], nullptr, &n_nodes));
+    std::vector<cudaGraphNode_t> nodes(n_nodes);
+    CPFILL_CUDA_CHECK(cudaGraphGetNodes(graphs[0], nodes.data(), &n_nodes));
+    cudaGraphNode_t tail[3] = {};
+    for (int g = 1; g < 3; ++g) CPFILL_CUDA_CHECK(cudaGraphCreate(&graphs[g], 0));
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type;
+        CPFILL_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+        if (type != cudaGraphNodeTypeKernel) continue;
+        cudaKernelNodeParams p;
+        CPFILL_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &p));
+        const char* name = "";
+        CPFILL_CUDA_CHECK(cudaFuncGetName(&name, p.func));
+        const int g = std::strstr(name, "score") ? 1 : 2;
+        cudaGraphNode_t added;
+        CPFILL_CUDA_CHECK(cudaGraphAddKernelNode(&added, graphs[g], tail[g] ? &tail[g] : nullptr,
+                                                 tail[g] ? 1 : 0, &p));
+        tail[g] = added;
+    }
+    double ms[3] = {};
+    for (int g = 0; g < 3; ++g) {
+        cudaGraphExec_t exec;
+        CPFILL_CUDA_CHECK(cudaGraphInstantiate(&exec, graphs[g], 0));
+        ms[g] = time_ms([&] { CPFILL_CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); });
+        CPFILL_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    }
+    for (cudaGraph_t g : graphs) CPFILL_CUDA_CHECK(cudaGraphDestroy(g));
+    CPFILL_CUDA_CHECK(cudaStreamDestroy(stream));
+    return {ms[0], ms[1], ms[2]};
+}
+
+// One CSA layer's indexer over a whole request of n_tokens (queries at positions 0 … n_tokens −
+// 1, ratio 4, 64 heads × 128, top-512) with the engine's scratch of 2^26 floats; FLOPs counted as
+// 2 · n_heads · dim per (query, eligible entry). Also checks a few queries against the CPU.
+void time_context(int64_t n_tokens) {
+    const int64_t period = 2048;  // distinct queries, repeated
+    HostIndexer h =
+        make_inputs(64, 128, n_tokens / kRatio, 512, false, positions(0, n_tokens, 1), period);
+    DeviceIndexer d(h, (int64_t{1} << 26) / h.n_ent);
+    const std::vector<int32_t> got = d.run();
+    int64_t near_ties = 0;
+    expect_cpu_sets(h, got, {n_tokens - 1, n_tokens / 2 + 3, 4097, 2049, 100, 5}, false,
+                    &near_ties);
+    double flops = 0;
+    for (int64_t i = 0; i < h.n_q(); ++i) flops += 2.0 * h.n_heads * h.dim * h.eligible(i);
+    const SplitTimes t = time_split(d);
+    const int64_t chunk = d.scores_floats / h.n_ent;
+    std::printf(
+        "[ timing ] indexer %lld tokens (%lld queries x %lld entries, %lld per chunk), 64 heads x "
+        "128, top-512: call %.2f ms (%.1f TFLOP/s); scoring %.2f ms = %.1f TFLOP/s; top-k %.2f "
+        "ms; %lld near-tie swaps in the checked queries\n",
+        static_cast<long long>(n_tokens), static_cast<long long>(h.n_q()),
+        static_cast<long long>(h.n_ent), static_cast<long long>(chunk), t.all_ms,
+        flops / (t.all_ms * 1e-3) / 1e12, t.score_ms, flops / (t.score_ms * 1e-3) / 1e12, t.topk_ms,
+        static_cast<long long>(near_ties));
+}
+
+TEST(CudaIndexerTiming, DISABLED_Context64k) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    time_context(65536);
+}
+
+TEST(CudaIndexerTiming, DISABLED_Context128k) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    time_context(131072);
 }
 
 }  // namespace

@@ -1,13 +1,21 @@
-// indexer_topk: two kernels per chunk of queries.
-//   scores  one block per (query, tile of 64 entries): S[64 heads, 64 entries] = Q · Kᵀ with bf16
-//           WMMA (fp32 accumulation), then score[w] = scale · Σ_h weight_h · ReLU(S[h, w]).
-//   top-k   one block per query: radix select of the k-th largest score (4 passes of 8 bits over
-//           an order-preserving uint32 image of the floats), then an ordered compaction that keeps
-//           every larger score and the lowest-indexed equal ones — the CPU's set (score desc, index
-//           asc) — written in ascending entry order.
-#include <mma.h>
-
+// indexer_topk: two kernels per chunk of queries (a chunk's scores fill the scratch).
+//   scores  tensor cores, mma.sync m16n8k16 bf16 → fp32. A block of 8 warps owns 8 consecutive
+//           queries (warp w: query w) and up to kSplit = 2048 entries of them; each warp keeps its
+//           query's Q [64 heads, 128 dims] in registers as the B operand (128 registers, loaded
+//           once) while key tiles of 128 entries stream through shared memory (3 stages, cp.async)
+//           as the A operand (ldmatrix). Per 16 keys a warp forms S[16 keys, 64 heads] in fp32
+//           registers (64 MMAs), then score = scale · Σ_h weight_h · ReLU(S[key, h]): 16 heads in
+//           each thread, then across the 4 threads of a quad by shuffles; no shared-memory round
+//           trip. Fewer heads or dims are zero-padded to 64 × 128 (zero Q, zero weight, zero key
+//           columns), so every shape runs the same code.
+//   top-k   one block per query: radix select of the k-th largest score over an order-preserving
+//           uint32 image of the floats, 3 passes of 11, 11 and 10 bits; the first reads the scores
+//           once and keeps the images of the first kTopkCache entries in shared memory for the
+//           other passes. Then an ordered compaction (each warp a contiguous slice, ballots for the
+//           order inside it) keeps every larger score and the lowest-indexed equal ones — the
+//           CPU's set (score desc, index asc) — written in ascending entry order.
 #include <algorithm>
+#include <cstdint>
 
 #include "ops/cuda/indexer.h"
 #include "runtime/cuda/cuda_check.h"
@@ -16,115 +24,232 @@ namespace cpfill::ops::cuda {
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
-constexpr int kMaxHeads = 64;  // WMMA rows (heads, zero-padded)
+constexpr int kMaxHeads = 64;
 constexpr int kMaxDim = 128;
-constexpr int kEntryTile = 64;
-constexpr int kLd = kMaxDim + 8;  // bf16 row stride of Q and K tiles
-constexpr int kSLd = kEntryTile + 4;
-constexpr int kScoreThreads = 256;
+constexpr int kHeadTiles = kMaxHeads / 8;  // n-tiles of the MMAs (8 heads each)
+constexpr int kDimSteps = kMaxDim / 16;    // k-steps of the MMAs
+constexpr int kQueries = 8;                // queries per scoring block, one per warp
+constexpr int kScoreThreads = kQueries * 32;
+constexpr int kTile = 128;        // keys per shared-memory stage
+constexpr int kStages = 3;        // cp.async pipeline depth
+constexpr int kSplit = 2048;      // entries per scoring block (a multiple of kTile)
+constexpr int kLd = kMaxDim + 8;  // padded key row (bf16): ldmatrix rows fall in distinct banks
+
 constexpr int kTopkThreads = 512;
+constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kBins = 2048;        // radix digits of 11, 11 and 10 bits
+constexpr int kTopkCache = 24576;  // order keys kept in shared memory (96 KB)
+
+struct ScoreSmem {
+    alignas(16) __nv_bfloat16 k[kStages][kTile][kLd];  // key tiles, columns ≥ dim zero
+    float w[kQueries][kMaxHeads];                      // head weights, zero beyond n_heads
+};
 
 __device__ int64_t n_eligible(int64_t p, int ratio, int64_t n_entries) {
     const int64_t e = (p + 1) / ratio;
     return e < n_entries ? e : n_entries;
 }
 
-// grid: (queries of the chunk, entry tiles). scores row stride = n_entries.
-__global__ void __launch_bounds__(kScoreThreads)
-    score_kernel(const __nv_bfloat16* q, const float* weight, const int64_t* pos, int n_heads,
-                 int dim, const __nv_bfloat16* keys, int64_t n_entries, int ratio, float scale,
-                 float* scores) {
-    const int64_t t = blockIdx.x;
-    const int64_t w0 = static_cast<int64_t>(blockIdx.y) * kEntryTile;
-    const int64_t n_elig = n_eligible(pos[t], ratio, n_entries);
-    if (w0 >= n_elig) return;
-    // Q and K tiles while multiplying; the fp32 products S afterwards (aliases them).
-    __shared__ __align__(128) unsigned char raw[2 * kMaxHeads * kLd * 2];
-    __shared__ float w_s[kMaxHeads];
-    __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(raw);
-    __nv_bfloat16* ks = qs + kMaxHeads * kLd;
-    float* S = reinterpret_cast<float*>(raw);
-    const int tid = threadIdx.x, warp = tid >> 5;
-    const int chunks = dim / 8;  // 16-byte chunks per row
-    for (int i = tid; i < kMaxHeads * chunks; i += kScoreThreads) {
-        const int r = i / chunks, c = (i % chunks) * 8;
-        uint4 vq = make_uint4(0, 0, 0, 0), vk = make_uint4(0, 0, 0, 0);
-        if (r < n_heads) vq = *reinterpret_cast<const uint4*>(q + (t * n_heads + r) * dim + c);
-        if (w0 + r < n_elig) vk = *reinterpret_cast<const uint4*>(keys + (w0 + r) * dim + c);
-        *reinterpret_cast<uint4*>(qs + r * kLd + c) = vq;
-        *reinterpret_cast<uint4*>(ks + r * kLd + c) = vk;
-    }
-    if (tid < kMaxHeads) w_s[tid] = tid < n_heads ? weight[t * n_heads + tid] : 0.0f;
-    __syncthreads();
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
-    // Warp w: head rows 16·(w/2) …, entry columns 32·(w%2) … (two 16×16 fragments).
-    const int rf = warp / 2, cf = (warp % 2) * 2;
-    const bool active = rf * 16 < n_heads;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
-    if (active) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-        wmma::fill_fragment(acc[0], 0.0f);
-        wmma::fill_fragment(acc[1], 0.0f);
-        for (int kk = 0; kk < dim; kk += 16) {
-            wmma::load_matrix_sync(fa, qs + rf * 16 * kLd + kk, kLd);
+// 16-byte global → shared copy; valid == false writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most kStages − 2 committed groups are still in flight.
+__device__ __forceinline__ void cp_async_wait_stage() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c[16×8] += a[16×16] · b[16×8], bf16 inputs, fp32 accumulators (PTX fragment layouts).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Starts the copy of keys k0 … k0 + kTile − 1 into dst (all threads); keys ≥ k_end become zeros.
+// Each warp copies two rows at a time, a lane one 16-byte chunk (lanes past dim / 8 idle).
+__device__ __forceinline__ void load_keys(__nv_bfloat16 (*dst)[kLd], const __nv_bfloat16* keys,
+                                          int dim, int64_t k0, int64_t k_end) {
+    const int lane = threadIdx.x & 31, c = (lane & 15) * 8;
+    if (c >= dim) return;
+    constexpr int kRowsPerStep = kScoreThreads / 16;
+#pragma unroll 4
+    for (int r = static_cast<int>(threadIdx.x >> 4); r < kTile; r += kRowsPerStep) {
+        const bool valid = k0 + r < k_end;
+        const __nv_bfloat16* src = valid ? keys + (k0 + r) * dim + c : keys;
+        cp_async16(smem_u32(&dst[r][c]), src, valid);
+    }
+}
+
+// grid: (query groups of kQueries) × (entry splits of kSplit), split fastest. t indexes the
+// chunk; scores row stride = n_entries.
+__global__ void __launch_bounds__(kScoreThreads, 1)
+    score_kernel(const __nv_bfloat16* q, const float* weight, const int64_t* pos, int64_t rows,
+                 int n_heads, int dim, const __nv_bfloat16* keys, int64_t n_entries, int ratio,
+                 float scale, int n_splits, float* scores) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    ScoreSmem& s = *reinterpret_cast<ScoreSmem*>(smem_raw);
+    const int64_t t0 = static_cast<int64_t>(blockIdx.x / n_splits) * kQueries;
+    const int64_t e0 = static_cast<int64_t>(blockIdx.x % n_splits) * kSplit;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
+    int64_t n_blk = 0, n_own = 0;  // eligible entries: the block's most, this warp's query's
+    for (int j = 0; j < kQueries; ++j) {
+        const int64_t n = t0 + j < rows ? n_eligible(pos[t0 + j], ratio, n_entries) : 0;
+        n_blk = n > n_blk ? n : n_blk;
+        if (j == warp) n_own = n;
+    }
+    if (e0 >= n_blk) return;
+    const int64_t e1 = e0 + kSplit < n_blk ? e0 + kSplit : n_blk;
+    const int n_tiles = static_cast<int>((e1 - e0 + kTile - 1) / kTile);
+    for (int st = 0; st < kStages - 1; ++st) {
+        if (st < n_tiles) load_keys(s.k[st], keys, dim, e0 + st * kTile, e1);
+        cp_async_commit();
+    }
+    const int pad = (kMaxDim - dim) / 8;  // zero the key columns ≥ dim once (plain stores)
+    for (int i = tid; i < kStages * kTile * pad; i += kScoreThreads)
+        *reinterpret_cast<uint4*>(&s.k[0][0][0] + (i / pad) * kLd + dim + (i % pad) * 8) =
+            make_uint4(0, 0, 0, 0);
+
+    // This warp's query as B fragments: b0 = Q[8nt + g][16ks + 2c4, +1], b1 the same at + 8.
+    const int64_t t = t0 + warp;
+    const bool active = n_own > e0;
+    uint32_t qb[kHeadTiles][kDimSteps][2];
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                wmma::load_matrix_sync(fb, ks + (cf + j) * 16 * kLd + kk, kLd);
-                wmma::mma_sync(acc[j], fa, fb, acc[j]);
-            }
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const int h = nt * 8 + g;
+        const bool head = active && h < n_heads;
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(
+            q + (head ? (t * n_heads + h) * static_cast<int64_t>(dim) : 0));
+#pragma unroll
+        for (int ks = 0; ks < kDimSteps; ++ks) {
+            const bool valid = head && ks * 16 < dim;
+            qb[nt][ks][0] = valid ? row[ks * 8 + c4] : 0u;
+            qb[nt][ks][1] = valid ? row[ks * 8 + 4 + c4] : 0u;
         }
     }
-    __syncthreads();  // all warps are done with qs / ks before S overwrites them
-    if (active) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(S + rf * 16 * kSLd + (cf + j) * 16, acc[j], kSLd,
-                                    wmma::mem_row_major);
-    }
-    __syncthreads();
+    for (int h = lane; h < kMaxHeads; h += 32)
+        s.w[warp][h] = active && h < n_heads ? weight[t * n_heads + h] : 0.0f;
+    float* out = scores + t * n_entries;
+    // A (keys): lanes 0–15 rows 0–15 at column 0, lanes 16–31 the same rows at column 8.
+    const uint32_t a_lane = static_cast<uint32_t>(((lane & 15) * kLd + (lane >> 4) * 8) * 2);
 
-    // 4 threads per entry, heads part, part + 4, …
-    const int e = tid / 4, part = tid % 4;
-    float sum = 0.0f;
-    for (int h = part; h < n_heads; h += 4) sum += w_s[h] * fmaxf(S[h * kSLd + e], 0.0f);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (part == 0 && w0 + e < n_elig) scores[blockIdx.x * n_entries + w0 + e] = sum * scale;
+    for (int it = 0; it < n_tiles; ++it) {
+        cp_async_wait_stage();
+        __syncthreads();  // tile it visible; every warp is done with tile it − 1's stage
+        const int next = it + kStages - 1;
+        if (next < n_tiles) load_keys(s.k[next % kStages], keys, dim, e0 + next * kTile, e1);
+        cp_async_commit();
+        const int64_t k0 = e0 + static_cast<int64_t>(it) * kTile;
+        if (!active || k0 >= n_own) continue;
+        const int64_t left = (n_own - k0 + 15) / 16;
+        const int n_sub = left < kTile / 16 ? static_cast<int>(left) : kTile / 16;
+        const uint32_t a_tile = smem_u32(&s.k[it % kStages][0][0]) + a_lane;
+#pragma unroll 1
+        for (int j = 0; j < n_sub; ++j) {
+            float acc[kHeadTiles][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < kDimSteps; ++ks) {
+                uint32_t a[4];
+                ldsm_x4(a, a_tile + (j * 16 * kLd + ks * 16) * 2);
+#pragma unroll
+                for (int nt = 0; nt < kHeadTiles; ++nt)
+                    mma_bf16(acc[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
+            }
+            // acc[nt][0, 1]: key 16j + g, heads 8nt + 2c4, + 1; acc[nt][2, 3]: key 16j + g + 8.
+            float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < kHeadTiles; ++nt) {
+                const float2 w = *reinterpret_cast<const float2*>(&s.w[warp][nt * 8 + 2 * c4]);
+                lo += w.x * fmaxf(acc[nt][0], 0.0f) + w.y * fmaxf(acc[nt][1], 0.0f);
+                hi += w.x * fmaxf(acc[nt][2], 0.0f) + w.y * fmaxf(acc[nt][3], 0.0f);
+            }
+            lo = quad_sum(lo);
+            hi = quad_sum(hi);
+            // Lanes c4 = 0 write keys g, lanes c4 = 1 keys g + 8: 16 consecutive floats.
+            const int64_t key = k0 + j * 16 + g + (c4 & 1) * 8;
+            if (c4 < 2 && key < n_own) out[key] = (c4 ? hi : lo) * scale;
+        }
+    }
 }
 
 // Order-preserving image of a float (larger float → larger uint); −0 and +0 map alike.
-__device__ uint32_t order_key(float f) {
+__device__ __forceinline__ uint32_t order_key(float f) {
     const uint32_t u = __float_as_uint(f);
     if (f == 0.0f) return 0x80000000u;
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive prefix count of `flag` over the block in thread order; *total gets the block's count.
-// Every thread must call it. warp_tot: shared [kTopkThreads / 32].
-__device__ int block_scan(bool flag, int* warp_tot, int* total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned b = __ballot_sync(0xffffffffu, flag);
-    if (lane == 0) warp_tot[warp] = __popc(b);
-    __syncthreads();
-    int before = 0, all = 0;
-    for (int w = 0; w < kTopkThreads / 32; ++w) {
-        const int v = warp_tot[w];
-        before += w < warp ? v : 0;
-        all += v;
-    }
-    __syncthreads();  // warp_tot is reused by the next call
-    *total = all;
-    return before + __popc(b & ((1u << lane) - 1u));
+// The order key of entry i: from the shared-memory cache or from the scores.
+__device__ __forceinline__ uint32_t key_at(const uint32_t* cache, int n_cached, const float* s,
+                                           int i) {
+    return i < n_cached ? cache[i] : order_key(s[i]);
 }
 
-__global__ void __launch_bounds__(kTopkThreads)
+// Finds the bin of hist[0, n_bins) (counted from the top) that holds the remaining-th largest key
+// and how many of it are still to take; every thread must call it and reads *bin / *rem after.
+// warp_tot: shared [kTopkWarps].
+__device__ __forceinline__ void find_bin(const unsigned* hist, int n_bins, int remaining,
+                                         int* warp_tot, int* bin, int* rem) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int per = n_bins / kTopkThreads;  // this thread's bins: top, top − 1, …, top − per + 1
+    const int top = n_bins - 1 - tid * per;
+    int c = 0;
+    for (int b = 0; b < per; ++b) c += static_cast<int>(hist[top - b]);
+    int incl = c;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += v;
+    }
+    if (lane == 31) warp_tot[warp] = incl;
+    __syncthreads();
+    for (int w = 0; w < warp; ++w) incl += warp_tot[w];
+    if (incl - c < remaining && incl >= remaining) {  // exactly one thread
+        int cum = incl - c;
+        for (int b = 0; b < per; ++b) {
+            const int h = static_cast<int>(hist[top - b]);
+            if (cum + h >= remaining) {
+                *bin = top - b;
+                *rem = remaining - cum;
+                break;
+            }
+            cum += h;
+        }
+    }
+    __syncthreads();
+}
+
+// One block per query of the chunk; dynamic shared memory: cache_n uint32 order keys.
+__global__ void __launch_bounds__(kTopkThreads, 3)
     topk_kernel(const float* scores, const int64_t* pos, int64_t n_entries, int ratio,
-                int64_t top_k, int32_t* idx) {
+                int64_t top_k, int cache_n, int32_t* idx) {
+    extern __shared__ uint32_t cache[];  // order keys of entries 0 … cache_n − 1
+    __shared__ unsigned hist[kBins];
+    __shared__ int warp_a[kTopkWarps], warp_b[kTopkWarps];
+    __shared__ int bin_s, rem_s;
     const int64_t t = blockIdx.x;
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = static_cast<int>(n_eligible(pos[t], ratio, n_entries));
     const float* s = scores + t * n_entries;
     int32_t* out = idx + t * top_k;
@@ -133,67 +258,74 @@ __global__ void __launch_bounds__(kTopkThreads)
             out[i] = i < n ? static_cast<int32_t>(i) : -1;
         return;
     }
-    const int k = static_cast<int>(top_k);
-    __shared__ unsigned hist[256];
-    __shared__ uint32_t prefix_s;
-    __shared__ int remaining_s;
-    __shared__ int warp_tot[kTopkThreads / 32];
-    uint32_t prefix = 0, mask = 0;
-    int remaining = k;  // how many of the keys matching `prefix` still to take
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += kTopkThreads) hist[i] = 0;
+    const int n_cached = n < cache_n ? n : cache_n;
+
+    // Pass 1 (bits 31–21) reads the scores and fills the cache.
+    for (int i = tid; i < kBins; i += kTopkThreads) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += kTopkThreads) {
+        const uint32_t u = order_key(s[i]);
+        if (i < n_cached) cache[i] = u;
+        atomicAdd(&hist[u >> 21], 1u);
+    }
+    __syncthreads();
+    find_bin(hist, kBins, static_cast<int>(top_k), warp_a, &bin_s, &rem_s);
+    uint32_t prefix = static_cast<uint32_t>(bin_s) << 21;
+    int remaining = rem_s;  // how many of the keys matching `prefix` still to take
+    // Passes 2 (bits 20–10) and 3 (bits 9–0) over the keys that match the prefix so far.
+    for (int shift = 10; shift >= 0; shift -= 10) {
+        const int bits = shift ? 11 : 10, high = shift + bits;
+        for (int i = tid; i < kBins; i += kTopkThreads) hist[i] = 0;
         __syncthreads();
         for (int i = tid; i < n; i += kTopkThreads) {
-            const uint32_t u = order_key(s[i]);
-            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+            const uint32_t u = key_at(cache, n_cached, s, i);
+            if ((u >> high) == (prefix >> high))
+                atomicAdd(&hist[(u >> shift) & ((1u << bits) - 1u)], 1u);
         }
         __syncthreads();
-        if (tid < 32) {
-            // Lane l holds bins 255 − 8l … 248 − 8l (from the top); find the bin holding the
-            // remaining-th largest key.
-            unsigned c = 0;
-            for (int b = 0; b < 8; ++b) c += hist[255 - 8 * tid - b];
-            unsigned incl = c;
-            for (int off = 1; off < 32; off <<= 1) {
-                const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
-                if (tid >= off) incl += v;
-            }
-            const unsigned hit =
-                __ballot_sync(0xffffffffu, incl >= static_cast<unsigned>(remaining));
-            if (tid == __ffs(hit) - 1) {
-                unsigned cum = incl - c;
-                for (int b = 0; b < 8; ++b) {
-                    const int bin = 255 - 8 * tid - b;
-                    if (cum + hist[bin] >= static_cast<unsigned>(remaining)) {
-                        remaining_s = remaining - static_cast<int>(cum);
-                        prefix_s = prefix | (static_cast<uint32_t>(bin) << shift);
-                        break;
-                    }
-                    cum += hist[bin];
-                }
-            }
-        }
-        __syncthreads();
-        prefix = prefix_s;
-        remaining = remaining_s;
-        mask |= 255u << shift;
+        find_bin(hist, 1 << bits, remaining, warp_a, &bin_s, &rem_s);
+        prefix |= static_cast<uint32_t>(bin_s) << shift;
+        remaining = rem_s;
     }
-    // prefix is the k-th largest key; take all larger ones and the first `remaining` equal ones.
-    int written = 0, eq_before = 0;
-    for (int i0 = 0; i0 < n && written < k; i0 += kTopkThreads) {
-        const int i = i0 + tid;
-        const uint32_t u = i < n ? order_key(s[i]) : 0u;
-        const bool eq = i < n && u == prefix;
-        int eq_total = 0, sel_total = 0;
-        const int eq_rank = eq_before + block_scan(eq, warp_tot, &eq_total);
-        const bool sel = (i < n && u > prefix) || (eq && eq_rank < remaining);
-        const int at = written + block_scan(sel, warp_tot, &sel_total);
-        if (sel) out[at] = i;
-        written += sel_total;
-        eq_before += eq_total;
+
+    // prefix is the k-th largest key: take all larger ones and the first `remaining` equal ones.
+    // Warp w scans entries [w·seg, (w + 1)·seg): counts first, then writes at its offset.
+    const int seg = (n + kTopkThreads - 1) / kTopkThreads * 32;
+    const int b0 = min(warp * seg, n), b1 = min(b0 + seg, n);
+    const unsigned lt = (1u << lane) - 1u;
+    int gt = 0, eq = 0;
+    for (int i0 = b0; i0 < b1; i0 += 32) {
+        const int i = i0 + lane;
+        const uint32_t u = i < b1 ? key_at(cache, n_cached, s, i) : 0u;
+        gt += __popc(__ballot_sync(0xffffffffu, i < b1 && u > prefix));
+        eq += __popc(__ballot_sync(0xffffffffu, i < b1 && u == prefix));
     }
-    for (int64_t i = k + tid; i < top_k; i += kTopkThreads) out[i] = -1;
+    if (lane == 0) {
+        warp_a[warp] = gt;
+        warp_b[warp] = eq;
+    }
+    __syncthreads();
+    int gt_before = 0, eq_seen = 0;
+    for (int w = 0; w < warp; ++w) {
+        gt_before += warp_a[w];
+        eq_seen += warp_b[w];
+    }
+    int at = gt_before + min(eq_seen, remaining);
+    for (int i0 = b0; i0 < b1; i0 += 32) {
+        const int i = i0 + lane;
+        const uint32_t u = i < b1 ? key_at(cache, n_cached, s, i) : 0u;
+        const bool is_eq = i < b1 && u == prefix;
+        const unsigned eq_bits = __ballot_sync(0xffffffffu, is_eq);
+        const bool sel =
+            (i < b1 && u > prefix) || (is_eq && eq_seen + __popc(eq_bits & lt) < remaining);
+        const unsigned sel_bits = __ballot_sync(0xffffffffu, sel);
+        if (sel) out[at + __popc(sel_bits & lt)] = i;
+        at += __popc(sel_bits);
+        eq_seen += __popc(eq_bits);
+    }
 }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -207,24 +339,35 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
                  a.ratio, a.top_k);
     CPFILL_CHECK(a.n_entries < (int64_t{1} << 31) && a.top_k < (int64_t{1} << 31),
                  "indexer: {} entries / top_k {} exceed int32 indices", a.n_entries, a.top_k);
+    CPFILL_CHECK(aligned16(a.q) && aligned16(a.keys),
+                 "indexer on CUDA: q and keys must be 16-byte aligned");
     const int64_t n_ent = std::max<int64_t>(a.n_entries, 1);
     CPFILL_CHECK(scores_floats >= n_ent, "indexer: scores scratch of {} floats, need ≥ {}",
                  scores_floats, n_ent);
-    const int64_t tiles = (a.n_entries + kEntryTile - 1) / kEntryTile;
-    CPFILL_CHECK(tiles <= 65535, "indexer: {} entries exceed {} per call", a.n_entries,
-                 int64_t{65535} * kEntryTile);
     const int64_t chunk = std::min<int64_t>({scores_floats / n_ent, a.n_q, int64_t{1} << 30});
+    const int64_t n_splits = (a.n_entries + kSplit - 1) / kSplit;
+    const int64_t groups = (chunk + kQueries - 1) / kQueries;
+    CPFILL_CHECK(groups * n_splits <= 0x7fffffff,
+                 "indexer: {} query groups × {} entry splits exceed one grid", groups, n_splits);
+    const int score_smem = static_cast<int>(sizeof(ScoreSmem));
+    const int cache_n = static_cast<int>(std::min<int64_t>(n_ent, kTopkCache));
+    const int topk_smem = cache_n * static_cast<int>(sizeof(uint32_t));
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(
+        score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, score_smem));
+    CPFILL_CUDA_CHECK(
+        cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, topk_smem));
     for (int64_t t0 = 0; t0 < a.n_q; t0 += chunk) {
         const int64_t rows = std::min(chunk, a.n_q - t0);
-        if (tiles > 0) {
-            const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(tiles));
-            score_kernel<<<grid, kScoreThreads, 0, stream>>>(
-                a.q + t0 * a.n_heads * a.dim, a.weight + t0 * a.n_heads, a.pos + t0, a.n_heads,
-                a.dim, a.keys, a.n_entries, a.ratio, a.scale, scores);
+        if (n_splits > 0) {
+            const int64_t blocks = (rows + kQueries - 1) / kQueries * n_splits;
+            score_kernel<<<static_cast<unsigned>(blocks), kScoreThreads, score_smem, stream>>>(
+                a.q + t0 * a.n_heads * a.dim, a.weight + t0 * a.n_heads, a.pos + t0, rows,
+                a.n_heads, a.dim, a.keys, a.n_entries, a.ratio, a.scale, static_cast<int>(n_splits),
+                scores);
             CPFILL_CUDA_CHECK(cudaGetLastError());
         }
-        topk_kernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, stream>>>(
-            scores, a.pos + t0, n_ent, a.ratio, a.top_k, a.idx + t0 * a.top_k);
+        topk_kernel<<<static_cast<unsigned>(rows), kTopkThreads, topk_smem, stream>>>(
+            scores, a.pos + t0, n_ent, a.ratio, a.top_k, cache_n, a.idx + t0 * a.top_k);
         CPFILL_CUDA_CHECK(cudaGetLastError());
     }
 }

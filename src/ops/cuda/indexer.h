@@ -27,9 +27,9 @@ struct IndexerArgs {
 };
 
 // scores: fp32 scratch of at least n_entries floats; queries run in chunks of
-// scores_floats / n_entries rows (give n_q · n_entries to do all in one pass). Scores come from
-// bf16 operands with fp32 accumulation on tensor cores; near-ties may select differently from the
-// fp32 CPU backend (design.md §3), exact ties never do.
+// scores_floats / n_entries rows (give n_q · n_entries to do all in one pass). q and keys must be
+// 16-byte aligned. Scores come from bf16 operands with fp32 accumulation on tensor cores;
+// near-ties may select differently from the fp32 CPU backend (design.md §3), exact ties never do.
 void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cudaStream_t stream);
 
 }  // namespace cpfill::ops::cuda

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds only what tests/cuda/test_indexer_cuda.cpp needs (the indexer kernels,
+# the CPU reference, buffers and device queries; not the whole tree), runs its tests, the timing
+# of one CSA layer's indexer at 64k and 128k tokens (scoring rate and top-k time apart), then
+# compute-sanitizer (memcheck, racecheck) on small cases and Nsight Compute on one scoring and one
+# top-k kernel of the 64k case, each where time is left. BASELINE=file.cu also builds the test
+# against another indexer.cu (say, `git show HEAD:src/ops/cuda/indexer.cu`) and times that one
+# too, for a before/after. Logs go to $OUT (or ./indexer-out).
+# Usage: scripts/indexer-check.sh   (BUILD=dir for the objects, default /tmp/indexer-build;
+# JOBS=n parallel compiles, default all cores; SANITIZE and PROFILE: 0 skips, 1 forces)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-indexer-out}
+build=${BUILD:-/tmp/indexer-build}
+mkdir -p "$out" "$build"
+export PATH=/usr/local/cuda/bin:$PATH
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+    nvcc --version | tail -2
+} >"$out/machine.txt" 2>&1
+
+blas_inc=/usr/include/$(gcc -dumpmachine)
+cxx_flags=(-std=c++20 -O2 -Wall -Wextra -Isrc -Itests/cuda -I/usr/local/cuda/include
+           "-I$blas_inc" -DCPFILL_HAVE_CUDA=1)
+cu_flags=(-std=c++17 -O3 "-gencode=arch=compute_90a,code=sm_90a" -Xcompiler=-Wall -Xptxas=-v -Isrc
+          -DCPFILL_HAVE_CUDA=1)
+cpp_srcs=(src/core/dtype.cpp src/core/error.cpp src/core/parallel.cpp src/ops/cpu/linear.cpp
+          src/ops/cpu/indexer.cpp tests/cuda/test_indexer_cuda.cpp)
+cu_srcs=(src/runtime/cuda/buffer.cu src/runtime/cuda/device.cu)
+
+# Compile in parallel (at most $JOBS at once), one log per file; the test file and the indexer
+# (ours) also with -Werror. A compile that succeeds leaves <object>.ok.
+max_jobs=${JOBS:-$(nproc)}
+objs=()
+compile() {  # compile <object> <command…>
+    local o=$1
+    shift
+    rm -f "$o.ok"
+    { "$@" >"$o.log" 2>&1 && touch "$o.ok"; } &
+    while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
+}
+for f in "${cpp_srcs[@]}"; do
+    o=$build/$(basename "$f").o
+    objs+=("$o")
+    extra=()
+    [[ $f == tests/* ]] && extra=(-Werror)
+    compile "$o" g++ "${cxx_flags[@]}" "${extra[@]}" -c "$f" -o "$o"
+done
+for f in "${cu_srcs[@]}"; do
+    o=$build/$(basename "$f").o
+    objs+=("$o")
+    compile "$o" nvcc "${cu_flags[@]}" -c "$f" -o "$o"
+done
+compile "$build/indexer.o" nvcc "${cu_flags[@]}" -Werror=all-warnings -c src/ops/cuda/indexer.cu \
+    -o "$build/indexer.o"
+base=${BASELINE:-}
+[ -n "$base" ] && compile "$build/indexer_base.o" nvcc "${cu_flags[@]}" -c "$base" \
+    -o "$build/indexer_base.o"
+wait
+cat "$build"/*.o.log >"$out/build.log"
+for o in "${objs[@]}" "$build/indexer.o" ${base:+"$build/indexer_base.o"}; do
+    [ -e "$o.ok" ] || { tail -n 40 "$out/build.log"; echo "indexer-check: build failed"; exit 1; }
+done
+link() {  # link <binary> <indexer object>
+    g++ -o "$1" "${objs[@]}" "$2" -L/usr/local/cuda/lib64 -lcudart -lgtest -lgtest_main -lfmt \
+        -lopenblas -lpthread >>"$out/build.log" 2>&1 ||
+        { tail -n 20 "$out/build.log"; echo "indexer-check: link failed"; exit 1; }
+}
+link "$build/test_indexer" "$build/indexer.o"
+[ -n "$base" ] && link "$build/test_indexer_base" "$build/indexer_base.o"
+grep -E "registers|spill" "$build/indexer.o.log" || true
+cuobjdump --dump-sass "$build/indexer.o" >"$out/indexer.sass" 2>&1 || true
+grep -c HMMA "$out/indexer.sass" | sed 's/^/HMMA instructions: /' || true
+
+status=0
+timeout 150 "$build/test_indexer" >"$out/tests.log" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED) |tests ran|Failure|near-tie|\[ timing \]" "$out/tests.log" |
+    head -n 40 || true
+
+# The timings, with the SM clock and power sampled alongside (GPU 0, the one the test uses).
+nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw --format=csv,noheader -lms 250 \
+    >"$out/clocks.log" 2>&1 &
+smi=$!
+timing() {  # timing <binary> <log>
+    "$1" --gtest_also_run_disabled_tests --gtest_filter='CudaIndexerTiming.*' >"$2" 2>&1 ||
+        status=1
+    grep -E "^\[ timing \]|Failure|FAILED|expected|Which is" "$2" || true
+}
+echo "after:"
+timing "$build/test_indexer" "$out/timing.log"
+if [ -n "$base" ]; then
+    echo "before (BASELINE=$base):"
+    timing "$build/test_indexer_base" "$out/timing-base.log"
+fi
+kill "$smi" 2>/dev/null || true
+awk -F', ' '$2 + 0 > 300 { c += $1; n++; if ($1 + 0 < lo || !lo) lo = $1 + 0; if ($2 + 0 > p) p = $2 + 0 }
+    END { if (n) printf "busy samples: %d, SM clock mean %.0f (min %d) MHz, max power %.0f W\n",
+                         n, c / n, lo, p }' "$out/clocks.log" || true
+
+# Last, as it may not work on every machine: bad accesses and shared-memory races on small cases,
+# skipped when the script has run 120 s already.
+sanitize=${SANITIZE:-auto}
+[ "$sanitize" = auto ] && { ((SECONDS < 120)) && sanitize=1 || sanitize=0; }
+echo "${SECONDS}s so far; sanitizer: $sanitize"
+if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
+    small='Cases/CudaIndexer.SelectsTheCpuSet/1:Cases/CudaIndexer.SelectsTheCpuSet/8'
+    small_race='Cases/CudaIndexer.SelectsTheCpuSet/1:Cases/CudaIndexer.SelectsTheCpuSet/7'
+    timeout 40 compute-sanitizer --tool memcheck "$build/test_indexer" --gtest_filter="$small" \
+        >"$out/sanitizer-memcheck.log" 2>&1 || echo "memcheck: non-zero exit (see its log)"
+    timeout 40 compute-sanitizer --tool racecheck "$build/test_indexer" \
+        --gtest_filter="$small_race" >"$out/sanitizer-racecheck.log" \
+        2>&1 || echo "racecheck: non-zero exit (see its log)"
+    tail -n 2 "$out"/sanitizer-*.log
+fi
+
+# Hardware counters of chunk 12's scoring and top-k kernels at 64k (launches 24 and 25), where the
+# script has run less than 170 s (the clocks left alone).
+profile=${PROFILE:-auto}
+[ "$profile" = auto ] && { ((SECONDS < 170)) && profile=1 || profile=0; }
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+echo "${SECONDS}s so far; profile: $profile (${ncu:-no ncu})"
+if [ "$profile" = 1 ] && [ -n "$ncu" ]; then
+    timeout 60 "$ncu" --clock-control none --kernel-name regex:'score_kernel|topk_kernel' \
+        --launch-skip 24 --launch-count 2 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy "$build/test_indexer" \
+        --gtest_also_run_disabled_tests --gtest_filter='CudaIndexerTiming.DISABLED_Context64k' \
+        >"$out/ncu.log" 2>&1 || echo "ncu: non-zero exit (see its log)"
+    grep -E "_kernel|Duration|Throughput|highest-utilized|Issue Slots|Achieved Occ|Cycles Per Issued" \
+        "$out/ncu.log" | head -n 40 || true
+fi
+echo "indexer-check: status $status"
+exit $status
