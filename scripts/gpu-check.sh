@@ -1,51 +1,54 @@
-#!/ usr / bin / env bash
-#One call on the GPU machine : configure(Release, sm_90a), build, run the GPU tests(label cuda),
-#the CPU suite and the benchmark, and leave logs and results under $OUT(or./ gpu - out).
-#scripts / gpu - check.sh everything
-#GPU_CHECK_CPU = 0 skip the CPU suite
-#GPU_CHECK_BENCH = 0 skip the benchmark; BENCH_ARGS overrides its arguments
-#GPU_CHECK_TESTS = 0 skip the GPU tests; GTEST_FILTER selects some of them
-#GPU_CHECK_DEMO = 0 skip `cpfill demo` (CPU and GPU runs compared)
-#The GPU machine has no network : carry.cache / tokenizer(device tool : carry[".cache/tokenizer"])
+#!/usr/bin/env bash
+# One call on the GPU machine: configure (Release, sm_90a), build, run the GPU tests (label cuda),
+# the CPU suite and the benchmark, and leave logs and results under $OUT (or ./gpu-out).
+#   scripts/gpu-check.sh            everything
+#   GPU_CHECK_CPU=0                 skip the CPU suite
+#   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments
+#   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them
+#   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
+# The GPU machine has no network: carry .cache/tokenizer (device tool: carry [".cache/tokenizer"])
 # or the tokenizer tests fail there for want of tokenizer.json.
-set - uo pipefail cd "$(dirname " $0 ")/.." out =
-${OUT : -gpu - out} mkdir - p
-    "$out" export NCCL_NVLS_ENABLE = 0 #the lent machines forbid NVLink multicast export PATH =
-    / usr / local / cuda /
-        bin : $PATH{nvidia - smi-- query - gpu = name, memory.total,
-                    driver_version-- format = csv nvidia - smi topo - m nvcc-- version | tail - 2} >
-    "$out/machine.txt" 2 > & 1 status = 0 t0 =
-        $(date + % s) cmake - S.- B build - gpu - G Ninja - DCMAKE_BUILD_TYPE =
-            Release - DCPFILL_CUDA = ON - DCMAKE_CUDA_ARCHITECTURES =
-                                         90a > "$out/configure.log" 2 > & 1 || status =
-                                             1 if[$status - eq 0];
-then cmake-- build build - gpu - j "$(nproc)" -- -k 0 > "$out/build.log" 2 > & 1 || status =
-    1 fi echo "build: $(($(date +%s) - t0)) s, status $status" | tee
-        "$out/times.txt" if["${GPU_CHECK_TESTS:-1}" = 1] &&
-    [-x build - gpu / tests / test_cuda];
-then t1 = $(date + % s) build - gpu / tests / test_cuda-- gtest_filter =
-              "${GTEST_FILTER:-*}" > "$out/cuda-tests.log" 2 > & 1 || status =
-                  1 echo "cuda tests: $(($(date +%s) - t1)) s" |
-                      tee - a "$out/times.txt" fi if["${GPU_CHECK_DEMO:-1}" = 1] &&
-                  [-x build - gpu / cpfill];
-then build - gpu / cpfill demo > "$out/demo.log" 2 > & 1 || status =
-    1 tail - n 8 "$out/demo.log" fi if["${GPU_CHECK_CPU:-1}" = 1] && [-d build - gpu / tests];
-then ctest-- test - dir build - gpu - L 'unit|golden' - j "$(nproc)" >
-        "$out/cpu-tests.log" 2 > & 1 ||
-    status = 1 fi if["${GPU_CHECK_BENCH:-1}" = 1] && [-x build - gpu / cpfill];
-then t1 = $(date + % s)
-#shellcheck disable = SC2086
-              build -
-          gpu / cpfill bench $ {
-BENCH_ARGS:
-    -- -preset flash - slice-- lengths 8k, 32k, 64k --cp 1, 2 --tbo off, on-- repeat 3
-}
---json "$out/bench.json" --plot "$out/bench.svg" > "$out/bench.md" 2 > "$out/bench.log" || status =
-    1 echo "bench: $(($(date +%s) - t1)) s" |
-    tee - a "$out/times.txt" fi tail - n 25 "$out" / cuda - tests.log "$out" / bench.md 2 >
-        / dev / null grep - h -
-            E
-            "FAILED|error"
-            "$out"/*.log | head -20
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0  # the lent machines forbid NVLink multicast
+export PATH=/usr/local/cuda/bin:$PATH
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    nvidia-smi topo -m
+    nvcc --version | tail -2
+} >"$out/machine.txt" 2>&1
+status=0
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1 || status=1
+if [ $status -eq 0 ]; then
+    cmake --build build-gpu -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1 || status=1
+fi
+echo "build: $(($(date +%s) - t0)) s, status $status" | tee "$out/times.txt"
+if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
+    t1=$(date +%s)
+    build-gpu/tests/test_cuda --gtest_filter="${GTEST_FILTER:-*}" >"$out/cuda-tests.log" 2>&1 ||
+        status=1
+    echo "cuda tests: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+fi
+if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
+    build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1
+    tail -n 8 "$out/demo.log"
+fi
+if [ "${GPU_CHECK_CPU:-1}" = 1 ] && [ -d build-gpu/tests ]; then
+    ctest --test-dir build-gpu -L 'unit|golden' -j "$(nproc)" >"$out/cpu-tests.log" 2>&1 || status=1
+fi
+if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
+    t1=$(date +%s)
+    # shellcheck disable=SC2086
+    build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
+        --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
+        status=1
+    echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+fi
+tail -n 25 "$out"/cuda-tests.log "$out"/bench.md 2>/dev/null
+grep -h -E "FAILED|error" "$out"/*.log | head -20
 echo "gpu-check: status $status"
 exit $status

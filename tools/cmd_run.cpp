@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -36,6 +38,7 @@ struct RunArgs {
     int64_t chunk = 0;
     std::string kv_out;
     bool json = false;
+    int inject_fault_rank = -1;  // tests: this GPU rank fails at layer 1
 };
 
 int64_t peak_rss_bytes() {
@@ -103,7 +106,18 @@ int run(const RunArgs& a) {
                  a.device);
     if (a.device == "cuda") require_cuda_device();  // names why there is no usable GPU
     MpiSession mpi;
-    if (!mpi.active()) return run_checked(a, mpi);
+    if (!mpi.active() && a.device != "cuda") return run_checked(a, mpi);
+    if (!mpi.active()) {
+        // A GPU failure can leave kernels of aborted collectives on the devices; tearing the CUDA
+        // state down could then wait for them. Report and leave at once instead.
+        try {
+            return run_checked(a, mpi);
+        } catch (const std::exception& e) {
+            fmt::print(stderr, "error: {}\n", e.what());
+            std::fflush(stderr);
+            std::_Exit(1);
+        }
+    }
     // Under mpirun a failed rank stops the whole job, so that no peer waits in NCCL for it.
     try {
         return run_checked(a, mpi);
@@ -154,6 +168,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     opt.all_logits = a.all_logits;
     opt.tbo = parse_tbo(a.tbo);
     opt.chunk = a.chunk;
+    opt.fail_rank = a.inject_fault_rank;
     RunResult r = engine.run(requests, opt);
     if (mpi.rank() != 0) return 0;  // rank 0 holds the logits and prints
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
@@ -205,6 +220,8 @@ Runner add_run_command(CLI::App& app) {
     c->add_option(
         "--kv-out", args->kv_out,
         "write each request's KV state for a decoder into this folder (docs/kv-state.md)");
+    c->add_option("--inject-fault-rank", args->inject_fault_rank,
+                  "tests only: this GPU rank fails at layer 1 (checks that its peers stop)");
     c->add_flag("--json", args->json, "print one JSON object instead of text (docs/cli.md)");
     return [args] { return run(*args); };
 }

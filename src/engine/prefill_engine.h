@@ -28,6 +28,7 @@ struct RunOptions {
     bool record_hidden = false;
     bool record_topk = false;
     bool phase_timing = false;  // cuda: per-phase times in RunResult::gpu
+    int fail_rank = -1;         // cuda, tests: GpuRunOptions::fail_rank
 };
 
 struct RunResult {

@@ -109,7 +109,13 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
     });
 }
 
-GpuGroup::~GpuGroup() = default;
+GpuGroup::~GpuGroup() {
+    // After a failure, kernels of aborted collectives may still sit on the devices, and freeing
+    // device memory (cudaFree synchronises) could wait for them: leave the device state to the
+    // process's exit instead.
+    if (!impl_->broken) return;
+    for (auto& r : impl_->ranks) (void)r.release();
+}
 
 int GpuGroup::cp() const { return impl_->opt.cp; }
 
