@@ -1,0 +1,186 @@
+// The workspace plan: make_run_plan, the sizes of one run (dims_of), carve, and the byte counts of
+// the memory plan (workspace_bytes, weight_bytes).
+#include <algorithm>
+
+#include "ops/cuda/moe_dispatch.h"
+#include "parallel/cuda/gpu_workspace.h"
+
+namespace cpfill::cuda {
+
+namespace oc = ops::cuda;
+
+RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
+                      int cp, TboMode tbo) {
+    RunPlan p;
+    p.requests = &requests;
+    p.batch = make_batch(requests, cfg.vocab_size);
+    const int64_t T = p.batch.n_tokens();
+    p.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && gpu_tbo_pays(cfg, T, cp));
+    if (T < 2) p.tbo = false;
+    if (p.tbo) {
+        auto [a, b] = split_in_two(p.batch);
+        p.row_offset = {0, a.n_tokens()};
+        p.subs.push_back(std::move(a));
+        p.subs.push_back(std::move(b));
+    } else {
+        p.subs.push_back(p.batch);
+        p.row_offset = {0};
+    }
+    return p;
+}
+
+int64_t max_packed_width(const ModelConfig& cfg) {
+    int64_t w = 0;
+    for (AttnType t : cfg.layer_types) w = std::max(w, packed_width(cfg, t));
+    return w;
+}
+
+Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOptions& opt) {
+    Dims d;
+    for (const Batch& b : plan.subs) {
+        const CpLayout l = make_layout(b, cp);
+        d.n_max = std::max(d.n_max, l.local());
+        d.p_max = std::max(d.p_max, l.padded);
+    }
+    d.w_max = max_packed_width(cfg);
+    d.T = plan.batch.n_tokens();
+    for (const auto& r : *plan.requests) d.max_len = std::max<int64_t>(d.max_len, r.size());
+    d.n_wanted = opt.all_logits ? d.T : static_cast<int64_t>(plan.requests->size());
+    d.logit_rows = std::clamp<int64_t>((int64_t{256} << 20) / (cfg.vocab_size * 4), 1, d.n_wanted);
+    const int64_t max_entries = d.max_len / std::max(1, cfg.csa_ratio) + 1;
+    d.scores = std::max(max_entries, std::min(d.n_max * max_entries, int64_t{1} << 26));
+    return d;
+}
+
+// The workspace of one run, carved in one fixed order from an arena (or counted).
+template <class A>
+void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
+           const GpuRunOptions& opt) {
+    const Dims d = dims_of(cfg, plan, cp, opt);
+    const int64_t D = cfg.d_model, hc = cfg.hc, Hd = int64_t{cfg.n_heads} * cfg.head_dim;
+    const int64_t K = cfg.top_k, E = cfg.n_experts;
+    w.subs.resize(plan.subs.size());
+    for (size_t i = 0; i < plan.subs.size(); ++i) {
+        SubState& s = w.subs[i];
+        const CpLayout l = make_layout(plan.subs[i], cp);
+        const int64_t n = l.local(), P = l.padded;
+        s.h = a.template take<float>(n * hc * D);
+        s.post = a.template take<float>(n * hc);
+        s.comb = a.template take<float>(n * hc * hc);
+        s.pos = a.template take<int64_t>(n);
+        s.tokens_rm = a.template take<int32_t>(P);
+        s.tokens_local = a.template take<int32_t>(n);
+        s.send[kAttn] = a.template take<bf16>(n * d.w_max);
+        s.recv[kAttn] = a.template take<bf16>(P * d.w_max);
+        s.send[kMoeGather] = a.template take<bf16>(n * D);
+        s.recv[kMoeGather] = a.template take<bf16>(P * D);
+        s.send[kScatter] = a.template take<bf16>(P * D);
+        s.recv[kScatter] = a.template take<bf16>(n * D);
+        GpuRouteScratch& r = s.route;
+        r.logits = a.template take<float>(P * E);
+        r.hash = a.template take<int64_t>(P * K);
+        r.idx = a.template take<int32_t>(P * K);
+        r.weight = a.template take<float>(P * K);
+        r.perm = a.template take<int32_t>(P * K);
+        r.keys = a.template take<int32_t>(P * K);
+        r.ids = a.template take<int32_t>(P * K);
+        r.counts = a.template take<int32_t>(E);
+        r.sort_bytes = oc::sort_scratch_bytes(P * K, static_cast<int>(E));
+        r.sort_scratch = a.template take<char>(static_cast<int64_t>(r.sort_bytes));
+    }
+    const int64_t n = d.n_max, P = d.p_max;
+    w.x = a.template take<bf16>(n * D);
+    w.post_attn = a.template take<float>(n * hc);
+    w.comb_attn = a.template take<float>(n * hc * hc);
+    w.mixes = a.template take<float>(n * (2 + hc) * hc);
+    w.attn_out = a.template take<bf16>(n * D);
+    w.staging = a.template take<bf16>((d.T + cp) * d.w_max);
+    GpuAttnScratch& s = w.attn;
+    s.key = a.template take<bf16>(n * cfg.head_dim);
+    s.cq = a.template take<bf16>(n * cfg.q_rank);
+    s.q = a.template take<bf16>(n * Hd);
+    s.o = a.template take<bf16>(n * Hd);
+    s.yo = a.template take<bf16>(n * cfg.o_groups * cfg.o_rank);
+    s.qI = a.template take<bf16>(n * cfg.index_n_heads * cfg.index_head_dim);
+    s.wI = a.template take<float>(n * cfg.index_n_heads);
+    s.topk = a.template take<int32_t>(n * cfg.index_topk);
+    s.scores = a.template take<float>(d.scores);
+    s.scores_floats = d.scores;
+    s.win_pos_csa = a.template take<int64_t>(d.max_len / cfg.csa_ratio + 1);
+    s.win_pos_hca = a.template take<int64_t>(d.max_len / cfg.hca_ratio + 1);
+    GpuMoeScratch& m = w.moe;
+    m.inv = a.template take<int32_t>(P * K);
+    m.xp = a.template take<bf16>(P * K * D);
+    m.sp = a.template take<float>(P * K);
+    m.gu = a.template take<bf16>(P * K * 2 * width);
+    m.act = a.template take<bf16>(P * K * width);
+    m.op = a.template take<bf16>(P * K * D);
+    m.gu_shared = a.template take<bf16>(P * 2 * width);
+    m.act_shared = a.template take<bf16>(P * width);
+    m.acc = a.template take<float>(P * D);
+    w.kv.assign(plan.requests->size(), std::vector<GpuLayerKv>(cfg.n_layers));
+    for (size_t r = 0; r < plan.requests->size(); ++r) {
+        const int64_t len = static_cast<int64_t>((*plan.requests)[r].size());
+        for (int li = 0; li < cfg.n_layers; ++li) {
+            GpuLayerKv& kv = w.kv[r][li];
+            kv.window = a.template take<bf16>(len * cfg.head_dim);
+            const int ratio = cfg.ratio(li);
+            if (ratio > 0) kv.entries = a.template take<bf16>(len / ratio * cfg.head_dim);
+            if (cfg.layer_types[li] == AttnType::CSA)
+                kv.index_keys = a.template take<bf16>(len / ratio * cfg.index_head_dim);
+        }
+    }
+    w.z = a.template take<bf16>(n * D);
+    w.zw = a.template take<bf16>(d.n_wanted * D);
+    w.logits = a.template take<float>(d.logit_rows * cfg.vocab_size);
+    if (opt.record_hidden || opt.record_topk) {
+        const int64_t rw = std::max<int64_t>(hc * D, cfg.index_topk);
+        w.rec_send = a.template take<float>(n * rw);
+        w.rec_recv = a.template take<float>(P * rw);
+    }
+}
+
+template void carve<Arena>(Arena&, Workspace&, const ModelConfig&, const RunPlan&, int, int64_t,
+                           const GpuRunOptions&);
+template void carve<CountingArena>(CountingArena&, Workspace&, const ModelConfig&, const RunPlan&,
+                                   int, int64_t, const GpuRunOptions&);
+
+size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
+                       const GpuRunOptions& opt) {
+    CountingArena a;
+    Workspace w;
+    carve(a, w, cfg, plan, cp, width, opt);
+    return a.used;
+}
+
+size_t weight_bytes(const ModelConfig& cfg, int64_t width) {
+    const int64_t D = cfg.d_model, d = cfg.head_dim, Hd = int64_t{cfg.n_heads} * d;
+    const int64_t hc = cfg.hc, E = cfg.n_experts, V = cfg.vocab_size;
+    const int64_t mhc = ((2 + hc) * hc * hc * D + (2 + hc) * hc + 3) * 4;
+    auto comp = [&](int ratio, int64_t dim, bool overlap) {
+        const int64_t wd = (overlap ? 2 : 1) * dim;
+        return 2 * wd * D * 2 + ratio * wd * 4 + dim * 4;
+    };
+    int64_t total = 2 * V * D * 2 + D * 4 + (hc * hc * D + hc + 1) * 4 + cfg.rope_dim * 4;
+    for (int li = 0; li < cfg.n_layers; ++li) {
+        int64_t b = 2 * mhc + 2 * D * 4;
+        b += (cfg.q_rank * D + Hd * cfg.q_rank + d * D) * 2 + (cfg.q_rank + d + cfg.n_heads) * 4;
+        b += (int64_t{cfg.o_groups} * cfg.o_rank * (Hd / cfg.o_groups) +
+              D * cfg.o_groups * cfg.o_rank) *
+             2;
+        const AttnType t = cfg.layer_types[li];
+        if (t == AttnType::HCA) b += comp(cfg.hca_ratio, d, false);
+        if (t == AttnType::CSA) {
+            const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
+            b += comp(cfg.csa_ratio, d, true) + comp(cfg.csa_ratio, dI, true);
+            b += (nI * dI * cfg.q_rank + nI * D) * 2;
+        }
+        b += E * D * 2;
+        b += cfg.mlp_types[li] == MlpType::Learned ? E * 4 : V * cfg.top_k * 8;
+        b += (E + 1) * 3 * width * D * 2;
+        total += b;
+    }
+    return static_cast<size_t>(total);
+}
+
+}  // namespace cpfill::cuda

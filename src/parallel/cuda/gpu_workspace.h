@@ -1,0 +1,80 @@
+// The workspace of one GPU prefill on one rank (conventions.md: memory planned up front): the
+// per-sub-batch state, the shared scratch of the layer stages, the KV store and the head's
+// buffers, carved in one fixed order from the rank's arena — or counted, for the memory plan and
+// the out-of-memory check before any work.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "model/cuda/gpu_attention.h"
+#include "model/cuda/gpu_moe.h"
+#include "parallel/cuda/gpu_runner.h"
+#include "parallel/layout.h"
+
+namespace cpfill::cuda {
+
+// The three collectives of a layer (design.md §4), each with per-sub-batch buffers and events.
+enum Slot { kAttn, kMoeGather, kScatter, kSlots };
+
+// Counts what take() would hand out (the plan) without allocating.
+struct CountingArena {
+    size_t used = 0;
+    template <class T>
+    T* take(int64_t n) {
+        used += arena_round(static_cast<size_t>(std::max<int64_t>(n, 0)) * sizeof(T));
+        return nullptr;
+    }
+};
+
+struct SubState {
+    int index = 0;
+    int64_t row_offset = 0;
+    const Batch* batch = nullptr;
+    CpLayout layout;
+    Rows rows;      // host
+    GpuRows grows;  // device positions + segments
+    int64_t n = 0, padded = 0;
+    float* h = nullptr;               // [n, hc, d_model]
+    float* post = nullptr;            // [n, hc] (MoE site, lives from X to finish_moe)
+    float* comb = nullptr;            // [n, hc, hc]
+    int64_t* pos = nullptr;           // [n]
+    int32_t* tokens_rm = nullptr;     // [padded]
+    int32_t* tokens_local = nullptr;  // [n]
+    bf16* send[kSlots] = {};
+    bf16* recv[kSlots] = {};
+    GpuRouteScratch route;  // this sub-batch's MoE routing (router stream → compute stream)
+};
+
+struct Dims {
+    int64_t n_max = 0, p_max = 0, w_max = 0, T = 0, max_len = 0, n_wanted = 0, logit_rows = 0;
+    int64_t scores = 0;
+};
+
+int64_t max_packed_width(const ModelConfig& cfg);
+Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOptions& opt);
+
+struct Workspace {
+    std::vector<SubState> subs;
+    bf16* x = nullptr;           // [n_max, d_model]
+    float* post_attn = nullptr;  // [n_max, hc]
+    float* comb_attn = nullptr;  // [n_max, hc, hc]
+    float* mixes = nullptr;      // [n_max, (2 + hc) · hc] mHC mixing products
+    bf16* attn_out = nullptr;    // [n_max, d_model]
+    bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the batch, global order
+    GpuAttnScratch attn;
+    GpuMoeScratch moe;
+    GpuKvStore kv;
+    bf16* z = nullptr;         // [n_max, d_model]
+    bf16* zw = nullptr;        // [n_wanted, d_model]
+    float* logits = nullptr;   // [logit_rows, vocab]
+    void* rec_send = nullptr;  // [n_max, hc, d_model] fp32 (records only)
+    void* rec_recv = nullptr;  // [p_max, hc, d_model] fp32
+};
+
+// Carves w from `a` (an Arena, or a CountingArena to size it).
+template <class A>
+void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
+           const GpuRunOptions& opt);
+
+}  // namespace cpfill::cuda
