@@ -10,6 +10,14 @@
 namespace cpfill {
 
 namespace {
+// Argmax of each request's last-position logits ([vocab] or [len, vocab]).
+std::vector<int32_t> last_argmax(const std::vector<Tensor>& logits, int64_t V) {
+    std::vector<int32_t> out;
+    for (const Tensor& l : logits)
+        out.push_back(argmax(l.f32() + (l.ndim() == 2 ? (l.dim(0) - 1) * V : 0), V));
+    return out;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -67,11 +75,7 @@ RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
     r.out = cp_prefill(views, requests, p);
     r.prefill_seconds = seconds_since(t0);
     r.n_tokens = r.out.n_tokens;
-    const int64_t V = config().vocab_size;
-    for (const Tensor& l : r.out.logits) {
-        const float* last = l.f32() + (l.ndim() == 2 ? (l.dim(0) - 1) * V : 0);
-        r.first_tokens.push_back(argmax(last, V));
-    }
+    r.first_tokens = last_argmax(r.out.logits, config().vocab_size);
     return r;
 }
 
@@ -93,11 +97,7 @@ RunResult PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& reques
     r.out = gpu_->run(requests, g, &r.gpu);
     r.prefill_seconds = seconds_since(t0);
     r.n_tokens = r.out.n_tokens;
-    const int64_t V = config().vocab_size;
-    for (const Tensor& l : r.out.logits) {
-        const float* last = l.f32() + (l.ndim() == 2 ? (l.dim(0) - 1) * V : 0);
-        r.first_tokens.push_back(argmax(last, V));
-    }
+    r.first_tokens = last_argmax(r.out.logits, config().vocab_size);
     return r;
 }
 

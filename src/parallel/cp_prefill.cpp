@@ -236,6 +236,30 @@ bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp) {
     return cp > 1 && per_sub >= std::max<int64_t>(cp, 256) && cfg.n_layers > 0;
 }
 
+PrefillOutput make_prefill_output(const ModelConfig& cfg,
+                                  const std::vector<std::vector<int32_t>>& requests,
+                                  bool all_logits, bool record_hidden, bool record_topk) {
+    PrefillOutput out;
+    int64_t total = 0;
+    for (const auto& r : requests) total += static_cast<int64_t>(r.size());
+    out.n_tokens = total;
+    for (const auto& r : requests)
+        out.logits.push_back(
+            Tensor::zeros(DType::F32, all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
+                                                 : Shape{cfg.vocab_size}));
+    if (record_hidden) {
+        for (int i = 0; i <= cfg.n_layers; ++i)
+            out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.hc, cfg.d_model}));
+        out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.d_model}));
+    }
+    if (record_topk)
+        for (int i = 0; i < cfg.n_layers; ++i)
+            out.topk.push_back(cfg.layer_types[i] == AttnType::CSA
+                                   ? Tensor::zeros(DType::I32, {total, cfg.index_topk})
+                                   : Tensor());
+    return out;
+}
+
 double gpu_tbo_gain_seconds(const ModelConfig& cfg, int64_t n_tokens, int cp,
                             const TboCostModel& m) {
     if (cp < 2) return 0.0;
@@ -264,24 +288,8 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
     const ModelConfig& cfg = rank_weights[0]->cfg;
     validate_requests(requests, cfg.vocab_size);
     const std::vector<Batch> chunks = make_chunks(requests, opt.chunk);
-    PrefillOutput out;
-    int64_t total = 0;
-    for (const auto& r : requests) total += static_cast<int64_t>(r.size());
-    out.n_tokens = total;
-    for (const auto& r : requests)
-        out.logits.push_back(
-            Tensor::zeros(DType::F32, opt.all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
-                                                     : Shape{cfg.vocab_size}));
-    if (opt.record_hidden) {
-        for (int i = 0; i <= cfg.n_layers; ++i)
-            out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.hc, cfg.d_model}));
-        out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.d_model}));
-    }
-    if (opt.record_topk)
-        for (int i = 0; i < cfg.n_layers; ++i)
-            out.topk.push_back(cfg.layer_types[i] == AttnType::CSA
-                                   ? Tensor::zeros(DType::I32, {total, cfg.index_topk})
-                                   : Tensor());
+    PrefillOutput out =
+        make_prefill_output(cfg, requests, opt.all_logits, opt.record_hidden, opt.record_topk);
     std::vector<bool> tbo(chunks.size());
     for (size_t c = 0; c < chunks.size(); ++c) {
         tbo[c] = opt.tbo == TboMode::On ||

@@ -39,6 +39,12 @@ struct PrefillOutput {
     int64_t n_tokens = 0;
 };
 
+// An output with zeroed logits (per request [vocab], or [len, vocab] with all_logits) and, when
+// asked for, the hidden-state and indexer records over all tokens; shared by both backends.
+PrefillOutput make_prefill_output(const ModelConfig& cfg,
+                                  const std::vector<std::vector<int32_t>>& requests,
+                                  bool all_logits, bool record_hidden, bool record_topk);
+
 // rank_weights[r]: the weights of rank r (its expert slice r of C). Requests must be valid
 // (validate_requests). Throws the first rank's error; peers are aborted, never left hanging.
 PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,

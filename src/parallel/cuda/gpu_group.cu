@@ -199,27 +199,14 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                         : std::string("no --cp up to 64 fits: shorten the prompt"));
         }
     }
-    PrefillOutput out;
+    // Rank 0's process collects logits and records; the others return counts only.
+    const bool has_rank0 = g.ranks[0]->rank == 0;
+    const std::vector<std::vector<int32_t>> none;
+    PrefillOutput out =
+        make_prefill_output(cfg, has_rank0 ? requests : none, opt.all_logits,
+                            opt.record_hidden && has_rank0, opt.record_topk && has_rank0);
     out.n_tokens = plan.batch.n_tokens();
     out.tbo_used = plan.tbo;
-    const bool has_rank0 = g.ranks[0]->rank == 0;
-    if (has_rank0) {
-        for (const auto& r : requests)
-            out.logits.push_back(
-                Tensor::zeros(DType::F32, opt.all_logits ? Shape{int64_t(r.size()), cfg.vocab_size}
-                                                         : Shape{cfg.vocab_size}));
-        if (opt.record_hidden) {
-            for (int i = 0; i <= cfg.n_layers; ++i)
-                out.hidden.push_back(
-                    Tensor::zeros(DType::F32, {out.n_tokens, cfg.hc, cfg.d_model}));
-            out.hidden.push_back(Tensor::zeros(DType::F32, {out.n_tokens, cfg.d_model}));
-        }
-        if (opt.record_topk)
-            for (int i = 0; i < cfg.n_layers; ++i)
-                out.topk.push_back(cfg.layer_types[i] == AttnType::CSA
-                                       ? Tensor::zeros(DType::I32, {out.n_tokens, cfg.index_topk})
-                                       : Tensor());
-    }
     GpuStats st;
     const auto t0 = std::chrono::steady_clock::now();
     g.on_ranks([&](size_t i, const cuda::AbortFlag& flag) {
