@@ -166,6 +166,37 @@ int fitting_cp(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& 
     return 0;
 }
 
+// Bytes a rank's GPU can give this group: free memory plus what its arena and weights hold.
+size_t memory_capacity(GpuGroup::Impl& g) {
+    size_t cap = SIZE_MAX;
+    for (auto& r : g.ranks) {
+        size_t free_b = 0, total_b = 0;
+        CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
+        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        cap = std::min(cap, free_b + (r->arena ? r->arena->capacity() : 0) + r->weights->bytes);
+    }
+    return cap;
+}
+
+// Empty when the plan's workspace fits on every local GPU (with 512 MiB kept for cuBLAS, NCCL
+// and CUB), else what is missing, in words.
+std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const cuda::RunPlan& plan,
+                             const GpuRunOptions& opt) {
+    for (auto& r : g.ranks) {
+        const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, r->weights->width, opt);
+        size_t free_b = 0, total_b = 0;
+        CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
+        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        const size_t have = free_b + (r->arena ? r->arena->capacity() : 0);
+        if (need + (size_t{512} << 20) > have)
+            return fmt::format(
+                "{:.2f} GB of workspace per GPU needed (+0.5 GB reserve) but GPU {} has {:.2f} GB "
+                "free beside {:.2f} GB of weights",
+                need * 1e-9, r->device, have * 1e-9, r->weights->bytes * 1e-9);
+    }
+    return {};
+}
+
 }  // namespace
 
 PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
@@ -180,24 +211,24 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     const ModelConfig& cfg = g.ranks[0]->weights->cfg;
     validate_requests(requests, cfg.vocab_size);
     const int C = g.opt.cp;
-    const cuda::RunPlan plan = cuda::make_run_plan(requests, cfg, C, opt.tbo);
-    // Memory check before any work: the workspace must fit beside the weights.
-    for (auto& r : g.ranks) {
-        const size_t need = cuda::workspace_bytes(cfg, plan, C, r->weights->width, opt);
-        size_t free_b = 0, total_b = 0;
-        CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
-        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        const size_t have = free_b + (r->arena ? r->arena->capacity() : 0);
-        if (need + (size_t{512} << 20) > have) {  // keep 512 MiB for cuBLAS, NCCL and CUB
-            const int fit = fitting_cp(cfg, requests, opt, have + r->weights->bytes);
-            CPFILL_FAIL(
-                "out of GPU memory: {} tokens at --cp {} need {:.2f} GB of workspace per GPU "
-                "(+0.5 GB reserve) but GPU {} has {:.2f} GB free beside {:.2f} GB of weights; {}",
-                plan.batch.n_tokens(), C, need * 1e-9, r->device, have * 1e-9,
-                r->weights->bytes * 1e-9,
-                fit > C ? fmt::format("--cp {} would fit", fit)
-                        : std::string("no --cp up to 64 fits: shorten the prompt"));
+    // Memory check before any work: the workspace must fit beside the weights. With `auto`, a
+    // batch that does not fit whole may still fit split in two (each sub-batch's MoE buffers are
+    // half as large): then TBO is used whatever the cost model says.
+    cuda::RunPlan plan = cuda::make_run_plan(requests, cfg, C, opt.tbo);
+    std::string short_of = memory_shortfall(g, cfg, plan, opt);
+    if (!short_of.empty() && opt.tbo == TboMode::Auto && !plan.tbo) {
+        cuda::RunPlan split = cuda::make_run_plan(requests, cfg, C, TboMode::On);
+        if (split.tbo && memory_shortfall(g, cfg, split, opt).empty()) {
+            plan = std::move(split);
+            short_of.clear();
         }
+    }
+    if (!short_of.empty()) {
+        const int fit = fitting_cp(cfg, requests, opt, memory_capacity(g));
+        CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}: {}; {}", plan.batch.n_tokens(), C,
+                    short_of,
+                    fit > C ? fmt::format("--cp {} would fit", fit)
+                            : std::string("no --cp up to 64 fits: shorten the prompt"));
     }
     // Rank 0's process collects logits and records; the others return counts only.
     const bool has_rank0 = g.ranks[0]->rank == 0;
