@@ -250,7 +250,7 @@ TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
 }
 
 // A rank that fails mid-run (fault injected at layer 1) must stop its peer with an error instead
-// of a hang. Run through the CLI in a child process under `timeout`, so that a hang fails this test
+// of a hang. Run through the CLI in a child process under `timeout 60`, so that a hang fails this test
 // instead of stalling the suite (it did hang in-process once, undiagnosed: docs/status.md).
 TEST(GpuPrefill, FailingRankStopsItsPeer) {
     CPFILL_SKIP_WITHOUT_GPU();
@@ -261,7 +261,7 @@ TEST(GpuPrefill, FailingRankStopsItsPeer) {
             const std::string log =
                 (std::filesystem::temp_directory_path() / "cpfill_fault.log").string();
             const std::string cmd = fmt::format(
-                "timeout 120 {} run --model {} --input-ids-file {}/reference.safetensors --device "
+                "timeout 60 {} run --model {} --input-ids-file {}/reference.safetensors --device "
                 "cuda --cp 2 --tbo {} --inject-fault-rank {} > {} 2>&1",
                 CPFILL_BINARY, model, model, tbo, failing, log);
             const auto t0 = std::chrono::steady_clock::now();
@@ -272,7 +272,8 @@ TEST(GpuPrefill, FailingRankStopsItsPeer) {
             const std::string out((std::istreambuf_iterator<char>(in)),
                                   std::istreambuf_iterator<char>());
             ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-            EXPECT_NE(WEXITSTATUS(rc), 124) << "hung (killed after 120 s): " << cmd << "\n" << out;
+            // One hang is enough to know: stop before spending minutes on the others.
+            ASSERT_NE(WEXITSTATUS(rc), 124) << "hung (killed after 60 s): " << cmd << "\n" << out;
             EXPECT_EQ(WEXITSTATUS(rc), 1) << cmd << "\n" << out;
             EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
             std::printf("[ fault ] rank %d of 2 failing, TBO %s: exit %d after %.1f s\n", failing,
