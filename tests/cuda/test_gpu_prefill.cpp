@@ -250,8 +250,8 @@ TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
 }
 
 // A rank that fails mid-run (fault injected at layer 1) must stop its peer with an error instead
-// of a hang. Run through the CLI in a child process under `timeout 60`, so that a hang fails this test
-// instead of stalling the suite (it did hang in-process once, undiagnosed: docs/status.md).
+// of a hang. Run through the CLI in a child process under `timeout 60`, so that a hang fails this
+// test instead of stalling the suite (it did hang in-process once, undiagnosed: docs/status.md).
 TEST(GpuPrefill, FailingRankStopsItsPeer) {
     CPFILL_SKIP_WITHOUT_GPU();
     if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
