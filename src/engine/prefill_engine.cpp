@@ -39,16 +39,19 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
     load.progress = true;  // drawn only when stderr is a terminal and the load takes over 1 s
     LoadStats stats;
-    ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
+    // Under mpirun (cuda with local ranks) only this process's ranks; otherwise all of them.
+    ranks_ = load_rank_weights(ckpt, options.cp, load, &stats,
+                               options.cuda ? options.gpu.local_ranks : std::vector<int>{});
     load_bytes_ = stats.stored_bytes;
     rank_bytes_ = ranks_.back().bytes();
     if (options.cuda) {
         GpuGroupOptions go = options.gpu;
         go.cp = options.cp;
         gpu_ = std::make_unique<GpuGroup>(go);
-        // Each local rank uploads its own view; the host copies are dropped afterwards.
+        // Each local rank uploads its own view (ranks_ holds exactly the local ranks, in order);
+        // the host copies are dropped afterwards.
         std::vector<const ModelWeights*> views;
-        for (int r : gpu_->local_ranks()) views.push_back(&ranks_[r]);
+        for (const ModelWeights& w : ranks_) views.push_back(&w);
         gpu_->load(views);
         ranks_.clear();
     }

@@ -345,7 +345,6 @@ void plan_dense_layer(LoadPlan& p, const ModelConfig& cfg, int i, LayerWeights& 
 // planned next to each other, so they touch the same stored pages one after another.
 void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelWeights>& ranks) {
     const std::string pf = "layers." + std::to_string(i) + ".ffn.";
-    const int C = static_cast<int>(ranks.size());
     for (ModelWeights& w : ranks) {
         w.layers[i].moe.w13.resize(cfg.n_experts);
         w.layers[i].moe.w2.resize(cfg.n_experts);
@@ -353,10 +352,12 @@ void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelW
     for (int e = -1; e < cfg.n_experts; ++e) {  // -1: the shared expert
         const std::string pre =
             e < 0 ? pf + "shared_experts." : pf + "experts." + std::to_string(e) + ".";
-        for (int r = 0; r < C; ++r) {
-            // Slice r holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C), as in slice_experts.
+        for (ModelWeights& w : ranks) {
+            // Slice r of C holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C), as in
+            // slice_experts.
+            const int r = w.slice.part, C = w.slice.parts;
             const int64_t b = cfg.moe_dim * r / C, end = cfg.moe_dim * (r + 1) / C;
-            MoeWeights& m = ranks[r].layers[i].moe;
+            MoeWeights& m = w.layers[i].moe;
             (e < 0 ? m.shared_w13 : m.w13[e]) = p.w13(pre, b, end);
             (e < 0 ? m.shared_w2 : m.w2[e]) = p.w2(pre, b, end);
         }
@@ -366,7 +367,8 @@ void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelW
 }  // namespace
 
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
-                                            const LoadOptions& opt, LoadStats* stats) {
+                                            const LoadOptions& opt, LoadStats* stats,
+                                            const std::vector<int>& only_ranks) {
     const auto t0 = std::chrono::steady_clock::now();
     const ModelConfig& cfg = ck.config();
     CPFILL_CHECK(cp_size >= 1 && cfg.moe_dim >= cp_size,
@@ -385,8 +387,13 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     dense.hc_head_fn = plan.whole("hc_head_fn");
     dense.hc_head_base = plan.whole("hc_head_base");
     dense.hc_head_scale = plan.whole("hc_head_scale");
-    std::vector<ModelWeights> ranks(cp_size, dense);  // dense tensors shared, not copied
-    for (int r = 0; r < cp_size; ++r) ranks[r].slice = {r, cp_size};
+    std::vector<int> which = only_ranks;
+    if (which.empty())
+        for (int r = 0; r < cp_size; ++r) which.push_back(r);
+    for (int r : which)
+        CPFILL_CHECK(r >= 0 && r < cp_size, "load: rank {} outside a CP group of {}", r, cp_size);
+    std::vector<ModelWeights> ranks(which.size(), dense);  // dense tensors shared, not copied
+    for (size_t k = 0; k < which.size(); ++k) ranks[k].slice = {which[k], cp_size};
     for (int i = 0; i < cfg.n_layers; ++i) plan_experts(plan, cfg, i, ranks);
 
     const size_t stored =

@@ -91,9 +91,12 @@ struct LoadStats {
 // Every rank's weights for a CP group of `cp_size` ranks, read straight from the checkpoint by a
 // pool of `opt.threads`: the dense (non-expert) tensors once, shared by all ranks; rank r's slice
 // {r, cp_size} of every routed and shared expert read directly (only the blocks it needs, never
-// the full expert). Bit-identical to slice_experts(load_weights(ck), {r, cp_size}).
+// the full expert). Bit-identical to slice_experts(load_weights(ck), {r, cp_size}). With
+// only_ranks (non-empty) only those ranks' expert slices are read and returned, in that order (a
+// process under mpirun needs its own rank only).
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
-                                            const LoadOptions& opt, LoadStats* stats = nullptr);
+                                            const LoadOptions& opt, LoadStats* stats = nullptr,
+                                            const std::vector<int>& only_ranks = {});
 
 // A rank's view of fully loaded weights: the same (shared, not copied) attention and head tensors,
 // and slice `slice.part` of `slice.parts` of every routed and shared expert's hidden width.

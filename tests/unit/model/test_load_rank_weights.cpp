@@ -186,6 +186,31 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{"fp8", "same", "hf-module", 300}, Param{"fp8", "fp4", "upstream", 300}),
     param_name);
 
+TEST(LoadRankWeights, OnlySomeRanksEqualTheirFullLoad) {
+    const Stored& s = stored({"fp8", "fp4", "upstream", 300});
+    const std::vector<int> only = {2, 0};
+    LoadStats some, all;
+    const std::vector<ModelWeights> got = load_rank_weights(*s.ck, 3, {2, false}, &some, only);
+    const std::vector<ModelWeights> full = load_rank_weights(*s.ck, 3, {2, false}, &all);
+    ASSERT_EQ(got.size(), 2u);
+    for (size_t k = 0; k < got.size(); ++k) {
+        const int r = only[k];
+        SCOPED_TRACE(fmt::format("rank {}", r));
+        EXPECT_EQ(got[k].slice.part, r);
+        EXPECT_EQ(got[k].slice.parts, 3);
+        const auto got_t = tensors(got[k]), want_t = tensors(full[r]);
+        ASSERT_EQ(got_t.size(), want_t.size());
+        for (size_t i = 0; i < got_t.size(); ++i)
+            expect_identical(*got_t[i].second, *want_t[i].second, got_t[i].first);
+    }
+    EXPECT_LT(some.f32_bytes, all.f32_bytes);  // rank 1's experts were never produced
+    test::expect_error(
+        [&] {
+            load_rank_weights(*s.ck, 3, {1, false}, nullptr, {3});
+        },
+        {"rank 3", "group of 3"});
+}
+
 TEST(LoadRankWeightsErrors, MoreRanksThanExpertUnits) {
     const Stored& s = stored({"f32", "same", "hf", 0});
     test::expect_error(
