@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/ptx.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -48,44 +49,6 @@ struct ScoreSmem {
 __device__ int64_t n_eligible(int64_t p, int ratio, int64_t n_entries) {
     const int64_t e = (p + 1) / ratio;
     return e < n_entries ? e : n_entries;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global → shared copy; valid == false writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Waits until at most kStages − 2 committed groups are still in flight.
-__device__ __forceinline__ void cp_async_wait_stage() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// c[16×8] += a[16×16] · b[16×8], bf16 inputs, fp32 accumulators (PTX fragment layouts).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // Starts the copy of keys k0 … k0 + kTile − 1 into dst (all threads); keys ≥ k_end become zeros.
@@ -156,7 +119,7 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     const uint32_t a_lane = static_cast<uint32_t>(((lane & 15) * kLd + (lane >> 4) * 8) * 2);
 
     for (int it = 0; it < n_tiles; ++it) {
-        cp_async_wait_stage();
+        cp_async_wait<kStages - 2>();
         __syncthreads();  // tile it visible; every warp is done with tile it − 1's stage
         const int next = it + kStages - 1;
         if (next < n_tiles) load_keys(s.k[next % kStages], keys, dim, e0 + next * kTile, e1);
