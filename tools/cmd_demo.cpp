@@ -59,6 +59,22 @@ int demo(const DemoArgs& a) {
     fmt::print("prompt: {} random tokens, CPU fp32\n", a.length);
     Tensor reference;
     int agree = 0, runs = 0;
+    // One row of the report: the run agrees when its first token equals the reference's and its
+    // logits are within `tol` (relative to the reference's largest).
+    auto report = [&](int cp, TboMode tbo, const RunResult& r, double tol, const char* vs) {
+        const Tensor& logits = r.out.logits[0];
+        if (!reference.defined()) reference = logits;
+        const double diff = max_rel_diff(logits, reference);
+        const bool same = diff <= tol && argmax(logits.f32(), cfg.vocab_size) ==
+                                             argmax(reference.f32(), cfg.vocab_size);
+        agree += same;
+        ++runs;
+        fmt::print(
+            "  CP={} TBO {:3}: first token {:4}  TTFT {:6.3f} s  {:6.0f} tokens/s  "
+            "max rel diff vs {} {:.1e} {}\n",
+            cp, tbo == TboMode::On ? "on" : "off", r.first_tokens[0], r.prefill_seconds,
+            a.length / r.prefill_seconds, vs, diff, same ? "ok" : "MISMATCH");
+    };
     for (int cp : {1, 2}) {
         EngineOptions eo;
         eo.threads = a.threads;
@@ -67,19 +83,7 @@ int demo(const DemoArgs& a) {
         for (TboMode tbo : {TboMode::Off, TboMode::On}) {
             RunOptions ro;
             ro.tbo = tbo;
-            RunResult r = engine.run({prompt}, ro);
-            const Tensor& logits = r.out.logits[0];
-            if (!reference.defined()) reference = logits;
-            const double diff = max_rel_diff(logits, reference);
-            const bool same = diff <= 1e-5 && argmax(logits.f32(), cfg.vocab_size) ==
-                                                  argmax(reference.f32(), cfg.vocab_size);
-            agree += same;
-            ++runs;
-            fmt::print(
-                "  CP={} TBO {:3}: first token {:4}  TTFT {:6.3f} s  {:6.0f} tokens/s  "
-                "max rel diff vs CP=1 {:.1e} {}\n",
-                cp, tbo == TboMode::On ? "on" : "off", r.first_tokens[0], r.prefill_seconds,
-                a.length / r.prefill_seconds, diff, same ? "ok" : "MISMATCH");
+            report(cp, tbo, engine.run({prompt}, ro), 1e-5, "CP=1");
         }
     }
     std::string why;
@@ -98,18 +102,7 @@ int demo(const DemoArgs& a) {
                 RunOptions ro;
                 ro.tbo = tbo;
                 engine.run({prompt}, ro);  // warm-up: cuBLASLt plans, NCCL channels
-                RunResult r = engine.run({prompt}, ro);
-                const Tensor& logits = r.out.logits[0];
-                const double diff = max_rel_diff(logits, reference);
-                const bool same = diff <= 2e-2 && argmax(logits.f32(), cfg.vocab_size) ==
-                                                      argmax(reference.f32(), cfg.vocab_size);
-                agree += same;
-                ++runs;
-                fmt::print(
-                    "  CP={} TBO {:3}: first token {:4}  TTFT {:6.3f} s  {:6.0f} tokens/s  "
-                    "max rel diff vs CPU {:.1e} {}\n",
-                    cp, tbo == TboMode::On ? "on" : "off", r.first_tokens[0], r.prefill_seconds,
-                    a.length / r.prefill_seconds, diff, same ? "ok" : "MISMATCH");
+                report(cp, tbo, engine.run({prompt}, ro), 2e-2, "CPU");
             }
         }
     } else if (a.device == "auto") {

@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <set>
 
 #include "../golden/golden_util.h"
 #include "cuda_test_util.h"
@@ -34,6 +33,7 @@ namespace cpfill {
 namespace {
 
 using testing::golden_fixtures;
+using testing::rows_of;
 
 // bf16 weights and activations against fp32 (design.md §3).
 constexpr double kTolerance = 2e-2;
@@ -136,15 +136,6 @@ PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records) {
     return g.run(f.requests, o);
 }
 
-Tensor rows_of(const Tensor& t, int64_t row0, int64_t rows) {
-    Shape s = t.shape();
-    const int64_t row = t.numel() / s[0];
-    s[0] = rows;
-    Tensor out = Tensor::empty(DType::F32, s);
-    std::copy(t.f32() + row0 * row, t.f32() + (row0 + rows) * row, out.f32());
-    return out;
-}
-
 int32_t last_argmax(const Tensor& logits) {
     const int64_t V = logits.dim(logits.ndim() - 1);
     const int64_t rows = logits.numel() / V;
@@ -181,19 +172,9 @@ TEST_P(GpuGolden, MatchesHfLayerByLayer) {
         for (int li = 0; li < f.cfg.n_layers; ++li) {
             if (f.cfg.layer_types[li] != AttnType::CSA) continue;
             Tensor ref = f.ref->get(fmt::format("indexer_topk_{}{}", li, sfx));
-            const Tensor& mine = out.topk[li];
-            const int64_t kr = ref.dim(1), km = mine.dim(1);
             int64_t differ = 0;
-            for (int64_t t = 0; t < len; ++t) {
-                std::set<int64_t> a, b;
-                for (int64_t j = 0; j < kr; ++j)
-                    if (ref.data<int64_t>()[t * kr + j] >= 0)
-                        a.insert(ref.data<int64_t>()[t * kr + j]);
-                for (int64_t j = 0; j < km; ++j)
-                    if (mine.data<int32_t>()[(row0 + t) * km + j] >= 0)
-                        b.insert(mine.data<int32_t>()[(row0 + t) * km + j]);
-                differ += a != b;
-            }
+            for (int64_t t = 0; t < len; ++t)
+                differ += testing::topk_sets_differ(ref, out.topk[li], row0, t);
             std::printf("[ compare ] %s layer %d: %lld of %lld queries select other entries\n",
                         f.dir.c_str(), li, static_cast<long long>(differ),
                         static_cast<long long>(len));

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,29 @@ inline std::vector<std::string> golden_fixtures() {
             out.push_back(e.path().string());
     std::sort(out.begin(), out.end());
     return out;
+}
+
+// Rows [row0, row0 + rows) of an f32 [n, ...] tensor as a new tensor.
+inline Tensor rows_of(const Tensor& t, int64_t row0, int64_t rows) {
+    Shape s = t.shape();
+    const int64_t row = t.numel() / s[0];
+    s[0] = rows;
+    Tensor out = Tensor::empty(DType::F32, s);
+    std::copy(t.f32() + row0 * row, t.f32() + (row0 + rows) * row, out.f32());
+    return out;
+}
+
+// Whether query t selects different entries, compared as sets (−1 padding ignored): ref is HF's
+// i64 [len, k_ref] for one request; mine is i32 [T, k_mine] over the batch, the request at row0.
+inline bool topk_sets_differ(const Tensor& ref, const Tensor& mine, int64_t row0, int64_t t) {
+    const int64_t kr = ref.dim(1), km = mine.dim(1);
+    std::set<int64_t> a, b;
+    for (int64_t j = 0; j < kr; ++j)
+        if (ref.data<int64_t>()[t * kr + j] >= 0) a.insert(ref.data<int64_t>()[t * kr + j]);
+    for (int64_t j = 0; j < km; ++j)
+        if (mine.data<int32_t>()[(row0 + t) * km + j] >= 0)
+            b.insert(mine.data<int32_t>()[(row0 + t) * km + j]);
+    return a != b;
 }
 
 struct Diff {

@@ -4,8 +4,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <set>
-
 #include "core/parallel.h"
 #include "golden_util.h"
 #include "io/checkpoint.h"
@@ -18,6 +16,7 @@ namespace {
 
 using testing::close;
 using testing::golden_fixtures;
+using testing::rows_of;
 
 constexpr double kTolerance = 1e-4;  // design.md §3
 
@@ -44,16 +43,6 @@ std::vector<int32_t> ids_of(const Tensor& t) {
     std::vector<int32_t> out;
     for (int64_t i = 0; i < t.numel(); ++i)
         out.push_back(static_cast<int32_t>(t.data<int64_t>()[i]));
-    return out;
-}
-
-// Rows [row0, row0 + rows) of a [n, ...] tensor as a new tensor.
-Tensor rows_of(const Tensor& t, int64_t row0, int64_t rows) {
-    Shape s = t.shape();
-    const int64_t row = t.numel() / s[0];
-    s[0] = rows;
-    Tensor out = Tensor::empty(DType::F32, s);
-    std::copy(t.f32() + row0 * row, t.f32() + (row0 + rows) * row, out.f32());
     return out;
 }
 
@@ -95,21 +84,10 @@ TEST_P(Golden, MatchesHfFloat32) {
             if (cfg.layer_types[li] != AttnType::CSA) continue;
             ASSERT_TRUE(f.ref->has(name)) << name;
             Tensor ref = f.ref->get(name);
-            const Tensor& mine = out.topk[li];
-            const int64_t k_ref = ref.dim(1), k_mine = mine.dim(1);
             int64_t mismatches = 0;
-            for (int64_t t = 0; t < len; ++t) {
-                std::set<int64_t> a, b;
-                for (int64_t j = 0; j < k_ref; ++j)
-                    if (ref.data<int64_t>()[t * k_ref + j] >= 0)
-                        a.insert(ref.data<int64_t>()[t * k_ref + j]);
-                for (int64_t j = 0; j < k_mine; ++j)
-                    if (mine.data<int32_t>()[(row0 + t) * k_mine + j] >= 0)
-                        b.insert(mine.data<int32_t>()[(row0 + t) * k_mine + j]);
-                if (a != b && mismatches++ < 3)
-                    ADD_FAILURE() << name << " query " << t << ": " << a.size() << " HF entries vs "
-                                  << b.size() << " selected differ";
-            }
+            for (int64_t t = 0; t < len; ++t)
+                if (testing::topk_sets_differ(ref, out.topk[li], row0, t) && mismatches++ < 3)
+                    ADD_FAILURE() << name << " query " << t << ": HF's and our selections differ";
             EXPECT_EQ(mismatches, 0) << name;
         }
     }
