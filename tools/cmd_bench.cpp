@@ -37,6 +37,7 @@ struct BenchArgs {
     std::string plot;
     bool no_exposed = false;
     bool no_ceilings = false;
+    int expert_streams = GpuRunOptions{}.expert_streams;
 };
 
 // "a,b,c" → items; an empty item is an error naming the option.
@@ -124,6 +125,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     const std::vector<std::vector<int32_t>> requests{prompt};
     GpuRunOptions base;
     base.tbo = tbo_mode(row.tbo);
+    base.expert_streams = a.expert_streams;
     auto once = [&](const GpuRunOptions& opt) {
         GpuStats st;
         g.run(requests, opt, &st);
@@ -267,6 +269,10 @@ Runner add_bench_command(CLI::App& app) {
     c->add_flag("--no-exposed", args->no_exposed,
                 "skip the runs without communication (exposed communication)");
     c->add_flag("--no-ceilings", args->no_ceilings, "skip measuring GEMM/HBM/all-gather ceilings");
+    c->add_option("--expert-streams", args->expert_streams,
+                  "CUDA streams the routed experts' GEMMs are spread over (tuning)")
+        ->check(CLI::Range(1, 8))
+        ->capture_default_str();
     return [args] { return bench(*args); };
 }
 

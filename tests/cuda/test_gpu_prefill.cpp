@@ -232,34 +232,43 @@ TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
 
 // A rank that fails mid-run (fault injected at layer 1) must stop its peer with an error instead
 // of a hang. Run through the CLI in a child process under `timeout 60`, so that a hang fails this
-// test instead of stalling the suite (it did hang in-process once, undiagnosed: docs/status.md).
+// test instead of stalling the suite. With CUDA's lazy module loading (forced by the environment
+// here) the peer blocks in its first launch of a kernel not yet loaded, behind the NCCL kernel
+// that waits for the dead rank: only the watchdog's abort of the communicators frees it. With the
+// eager loading that cpfill chooses by default it sees the failure at its next host wait.
 TEST(GpuPrefill, FailingRankStopsItsPeer) {
     CPFILL_SKIP_WITHOUT_GPU();
     if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
     const std::string model = golden_fixtures()[0];
-    for (const char* tbo : {"off", "on"})
-        for (int failing : {1, 0}) {
-            const std::string log =
-                (std::filesystem::temp_directory_path() / "cpfill_fault.log").string();
-            const std::string cmd = fmt::format(
-                "timeout 60 {} run --model {} --input-ids-file {}/reference.safetensors --device "
-                "cuda --cp 2 --tbo {} --inject-fault-rank {} > {} 2>&1",
-                CPFILL_BINARY, model, model, tbo, failing, log);
-            const auto t0 = std::chrono::steady_clock::now();
-            const int rc = std::system(cmd.c_str());
-            const double s =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            std::ifstream in(log);
-            const std::string out((std::istreambuf_iterator<char>(in)),
-                                  std::istreambuf_iterator<char>());
-            ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-            // One hang is enough to know: stop before spending minutes on the others.
-            ASSERT_NE(WEXITSTATUS(rc), 124) << "hung (killed after 60 s): " << cmd << "\n" << out;
-            EXPECT_EQ(WEXITSTATUS(rc), 1) << cmd << "\n" << out;
-            EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
-            std::printf("[ fault ] rank %d of 2 failing, TBO %s: exit %d after %.1f s\n", failing,
-                        tbo, WEXITSTATUS(rc), s);
-        }
+    for (const char* loading : {"", "LAZY"})
+        for (const char* tbo : {"off", "on"})
+            for (int failing : {1, 0}) {
+                const std::string log =
+                    (std::filesystem::temp_directory_path() / "cpfill_fault.log").string();
+                const std::string cmd = fmt::format(
+                    "{}{}timeout 60 {} run --model {} --input-ids-file {}/reference.safetensors "
+                    "--device cuda --cp 2 --tbo {} --inject-fault-rank {} > {} 2>&1",
+                    *loading ? "CUDA_MODULE_LOADING=" : "",
+                    *loading ? fmt::format("{} ", loading) : "", CPFILL_BINARY, model, model, tbo,
+                    failing, log);
+                const auto t0 = std::chrono::steady_clock::now();
+                const int rc = std::system(cmd.c_str());
+                const double s =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                std::ifstream in(log);
+                const std::string out((std::istreambuf_iterator<char>(in)),
+                                      std::istreambuf_iterator<char>());
+                ASSERT_TRUE(WIFEXITED(rc)) << cmd;
+                // One hang is enough to know: stop before spending minutes on the others.
+                ASSERT_NE(WEXITSTATUS(rc), 124) << "hung (killed after 60 s): " << cmd << "\n"
+                                                << out;
+                EXPECT_EQ(WEXITSTATUS(rc), 1) << cmd << "\n" << out;
+                EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
+                std::printf(
+                    "[ fault ] rank %d of 2 failing, TBO %s, module loading %s: exit %d after "
+                    "%.1f s\n",
+                    failing, tbo, *loading ? loading : "default", WEXITSTATUS(rc), s);
+            }
 }
 
 TEST(GpuPrefill, TokenOutsideVocabIsAnError) {

@@ -1,5 +1,9 @@
 // gpu_moe_route: router → routing → sort by expert → counts to the host; gpu_moe_experts:
 // per-expert GEMMs → shared expert → combine.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "model/cuda/gpu_moe.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_dispatch.h"
@@ -36,19 +40,31 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     const float limit = float(cfg.swiglu_limit);
     c.phase(Phase::Moe);
     oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
-    // Routed experts: expert e on stream e mod kExpertStreams, each on its own rows of every
-    // buffer, so they never touch the same memory.
+    // Routed experts, each on its own rows of every buffer (so they never touch the same memory),
+    // largest first, each on the stream with the fewest rows so far.
+    const int ns = es.count;
     CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
-    for (int i = 0; i < kExpertStreams; ++i)
-        CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
-    int64_t off = 0;
+    for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
+    std::vector<int64_t> first(E + 1, 0);
     for (int e = 0; e < E; ++e) {
         const int64_t m = r.host_counts[e];
-        if (m == 0) continue;
-        CPFILL_CHECK(m <= rows && off + m <= n_assign, "expert {}: {} rows of {} assignments", e, m,
-                     n_assign);
-        const cudaStream_t st = es.stream[e % kExpertStreams];
-        oc::GemmContext& g = *es.gemm[e % kExpertStreams];
+        CPFILL_CHECK(m >= 0 && m <= rows && first[e] + m <= n_assign,
+                     "expert {}: {} rows of {} assignments", e, m, n_assign);
+        first[e + 1] = first[e] + m;
+    }
+    CPFILL_CHECK(first[E] == n_assign, "expert counts sum to {}, expected {}", first[E], n_assign);
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return r.host_counts[a] > r.host_counts[b]; });
+    int64_t load[kMaxExpertStreams] = {};
+    for (const int e : order) {
+        const int64_t m = r.host_counts[e], off = first[e];
+        if (m == 0) break;
+        const int si = static_cast<int>(std::min_element(load, load + ns) - load);
+        load[si] += m;
+        const cudaStream_t st = es.stream[si];
+        oc::GemmContext& g = *es.gemm[si];
         bf16* gu = s.gu + off * 2 * width;
         bf16* act = s.act + off * width;
         oc::linear_bf16(g, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D, 2 * width,
@@ -56,16 +72,14 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         oc::swiglu(gu, m, width, limit, s.sp + off, act, st);
         oc::linear_bf16(g, act, m, width, L.w2.as<bf16>() + e * D * width, D, s.op + off * D,
                         nullptr, false, st);
-        off += m;
     }
-    CPFILL_CHECK(off == n_assign, "expert counts sum to {}, expected {}", off, n_assign);
     // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32.
     oc::linear_bf16(*c.gemm, y, rows, D, L.shared_w13.as<bf16>(), 2 * width, s.gu_shared, nullptr,
                     false, c.stream);
     oc::swiglu(s.gu_shared, rows, width, limit, nullptr, s.act_shared, c.stream);
     oc::linear_bf16(*c.gemm, s.act_shared, rows, width, L.shared_w2.as<bf16>(), D, nullptr, s.acc,
                     false, c.stream);
-    for (int i = 0; i < kExpertStreams; ++i) {
+    for (int i = 0; i < ns; ++i) {
         CPFILL_CUDA_CHECK(cudaEventRecord(es.join[i], es.stream[i]));
         CPFILL_CUDA_CHECK(cudaStreamWaitEvent(c.stream, es.join[i], 0));
     }

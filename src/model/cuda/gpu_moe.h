@@ -42,13 +42,16 @@ struct GpuMoeScratch {
 
 // Streams the routed experts' GEMMs are spread over (one expert's GEMM pair alone fills only a
 // third of an H200's SMs at 64k tokens: ~1,500 rows), each with its own cuBLASLt context, and the
-// events that fork them from and join them back into the compute stream.
-constexpr int kExpertStreams = 4;
+// events that fork them from and join them back into the compute stream. `count` of the
+// kMaxExpertStreams are used (GpuRunOptions::expert_streams); experts go to the stream with the
+// fewest rows so far, largest first.
+constexpr int kMaxExpertStreams = 8;
 struct GpuExpertStreams {
-    cudaStream_t stream[kExpertStreams] = {};
-    ops::cuda::GemmContext* gemm[kExpertStreams] = {};
+    int count = kMaxExpertStreams;
+    cudaStream_t stream[kMaxExpertStreams] = {};
+    ops::cuda::GemmContext* gemm[kMaxExpertStreams] = {};
     cudaEvent_t fork = nullptr;
-    cudaEvent_t join[kExpertStreams] = {};
+    cudaEvent_t join[kMaxExpertStreams] = {};
 };
 
 // On c.stream (the router stream, so the host can wait for the counts without stalling the

@@ -1,5 +1,6 @@
 // GpuGroup: NCCL bootstrap (threaded or one rank per process), weights, the memory check and the
 // rank threads of a run; plan_gpu_memory and the measured ceilings.
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -24,38 +25,77 @@ struct GpuGroup::Impl {
 
     // Runs fn(i) for each local rank on its own thread with its device current; rethrows the
     // first error after aborting every local communicator (peers in other processes see theirs
-    // fail or time out).
+    // fail or time out). A watchdog: once a rank has failed, the others get kStopGrace to notice
+    // the flag at their next host wait; a rank still running then is blocked on its device (an
+    // NCCL kernel waiting for the dead peer), so the communicators are aborted at once, which
+    // ends those kernels. A rank that has not returned kAbortGrace after that is left behind
+    // (detached) and the error says so: never a hang.
     template <class F>
     void on_ranks(F fn) {
-        std::mutex mu;
-        std::exception_ptr first;
-        cuda::AbortFlag flag;
+        struct Shared {
+            std::mutex mu;
+            std::condition_variable cv;
+            size_t done = 0;
+            std::vector<char> finished;
+            std::exception_ptr first;
+            cuda::AbortFlag flag;
+        };
+        auto sh = std::make_shared<Shared>();
+        sh->finished.assign(ranks.size(), 0);
         std::vector<std::thread> threads;
         for (size_t i = 0; i < ranks.size(); ++i)
-            threads.emplace_back([&, i] {
+            threads.emplace_back([&fn, sh, i, this] {
                 try {
                     CPFILL_CUDA_CHECK(cudaSetDevice(ranks[i]->device));
-                    fn(i, flag);
+                    fn(i, sh->flag);
                 } catch (const std::exception& e) {
-                    const std::string why =
-                        fmt::format("rank {} failed: {}", ranks[i]->rank, e.what());
-                    {
-                        std::lock_guard<std::mutex> lock(mu);
-                        if (!first) first = std::current_exception();
-                    }
-                    flag.raise(why);
+                    sh->flag.raise(fmt::format("rank {} failed: {}", ranks[i]->rank, e.what()));
+                    std::lock_guard<std::mutex> lock(sh->mu);
+                    if (!sh->first) sh->first = std::current_exception();
                 }
+                std::lock_guard<std::mutex> lock(sh->mu);
+                ++sh->done;
+                sh->finished[i] = 1;
+                sh->cv.notify_all();
             });
-        for (auto& t : threads) t.join();
-        if (!first) return;
+        std::unique_lock<std::mutex> lock(sh->mu);
+        const auto all_done = [&] { return sh->done == threads.size(); };
+        sh->cv.wait(lock, [&] { return all_done() || sh->first != nullptr; });
+        bool aborted = false;
+        if (!all_done() && !sh->cv.wait_for(lock, kStopGrace, all_done)) {
+            abort_all();
+            aborted = true;
+            sh->cv.wait_for(lock, kAbortGrace, all_done);
+        }
+        std::string left_behind;
+        for (size_t i = 0; i < threads.size(); ++i) {
+            if (sh->finished[i]) continue;
+            threads[i].detach();  // it only holds `sh` and this group, which stays broken
+            left_behind += fmt::format(" {}", ranks[i]->rank);
+        }
+        lock.unlock();
+        for (auto& t : threads)
+            if (t.joinable()) t.join();
+        if (!sh->first) return;
+        if (!aborted) abort_all();
+        broken = true;
+        broken_why = sh->flag.why();
+        if (left_behind.empty()) std::rethrow_exception(sh->first);
+        CPFILL_FAIL(
+            "{}; rank(s){} did not stop within {} s after their communicators were "
+            "aborted and were left running",
+            broken_why, left_behind,
+            std::chrono::duration_cast<std::chrono::seconds>(kAbortGrace).count());
+    }
+
+    void abort_all() {
         for (auto& r : ranks) {
             if (r->cp_comm) r->cp_comm->abort();
             if (r->overlap) r->overlap->abort();
         }
-        broken = true;
-        broken_why = flag.why();
-        std::rethrow_exception(first);
     }
+
+    static constexpr std::chrono::milliseconds kStopGrace{2000}, kAbortGrace{30000};
 };
 
 NcclId GpuGroup::new_nccl_id() {

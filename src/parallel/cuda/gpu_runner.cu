@@ -25,7 +25,7 @@ void RankDevice::init_streams() {
     compute = streams->compute;
     comm = streams->comm;
     route = streams->route;
-    for (int i = 0; i < kExpertStreams; ++i) {
+    for (int i = 0; i < kMaxExpertStreams; ++i) {
         experts.stream[i] = streams->experts[i];
         expert_gemms.push_back(std::make_unique<ops::cuda::GemmContext>());
         experts.gemm[i] = expert_gemms.back().get();
@@ -58,6 +58,9 @@ class Runner {
           out_(out),
           timer_(opt.phase_timing && dev.rank == 0),
           dims_(dims_of(cfg_, plan, dev.cp, opt)) {
+        CPFILL_CHECK(opt.expert_streams >= 1 && opt.expert_streams <= kMaxExpertStreams,
+                     "expert streams: {}, expected 1 to {}", opt.expert_streams, kMaxExpertStreams);
+        dev.experts.count = opt.expert_streams;
         ctx_.stream = dev.compute;
         ctx_.gemm = dev.gemm.get();
         ctx_.flag = &flag;

@@ -26,8 +26,8 @@ struct RankStreams {
     CudaStream compute, comm;
     CudaStream route;  // MoE routing, so that the host's wait for the expert counts never stalls
                        // the compute stream
-    CudaStream experts[kExpertStreams];  // the routed experts' GEMMs (GpuExpertStreams)
-    CudaEvent expert_fork, expert_join[kExpertStreams];
+    CudaStream experts[kMaxExpertStreams];  // the routed experts' GEMMs (GpuExpertStreams)
+    CudaEvent expert_fork, expert_join[kMaxExpertStreams];
 };
 
 struct RankDevice {

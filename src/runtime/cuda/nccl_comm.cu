@@ -42,8 +42,7 @@ void NcclComm::all_reduce(const void* send, void* recv, int64_t count, ncclDataT
 }
 
 void NcclComm::abort() noexcept {
-    if (!comm_ || aborted_) return;
-    aborted_ = true;
+    if (!comm_ || aborted_.exchange(true)) return;
     ncclCommAbort(comm_);
 }
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -48,7 +49,8 @@ class NcclComm {
     // recv[count] ← Σ over ranks of send[count].
     void all_reduce(const void* send, void* recv, int64_t count, ncclDataType_t type,
                     cudaStream_t stream);
-    // Kills pending work; later calls throw. Safe to call more than once; never throws.
+    // Kills pending work; later calls throw. Safe to call more than once and from another thread
+    // than the one driving the communicator (a watchdog unblocking a stuck rank); never throws.
     void abort() noexcept;
 
   private:
@@ -56,7 +58,7 @@ class NcclComm {
         : comm_(comm), rank_(rank), size_(size) {}
     ncclComm_t comm_ = nullptr;
     int rank_ = 0, size_ = 1;
-    bool aborted_ = false;
+    std::atomic<bool> aborted_{false};
 };
 
 }  // namespace cpfill::cuda
