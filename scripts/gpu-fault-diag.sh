@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Diagnoses the GPU fault path on the GPU machine: builds cpfill, runs one CP = 2 prefill with a
 # rank failing at layer 1 (`--inject-fault-rank`), and if it is still running after DIAG_WAIT
-# seconds dumps every thread's stack (gdb, when present) before killing it. Logs under $OUT.
+# seconds dumps every thread's stack (gdb or cuda-gdb, when present) before killing it. Logs under $OUT.
 #   DIAG_TBO=off|on  DIAG_FAILING=1|0  DIAG_WAIT=15
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +26,9 @@ for _ in $(seq "${DIAG_WAIT:-15}"); do
 done
 if kill -0 $pid 2>/dev/null; then
     echo "still running after ${DIAG_WAIT:-15} s: stacks" | tee -a "$log"
-    if command -v gdb >/dev/null; then
-        gdb -p $pid -batch -ex "thread apply all bt 25" >>"$log" 2>&1
+    gdb=$(command -v gdb || command -v cuda-gdb)
+    if [ -n "$gdb" ]; then
+        "$gdb" -p $pid -batch -ex "thread apply all bt 25" >>"$log" 2>&1
     else
         for t in /proc/$pid/task/*; do
             echo "== $t $(cat "$t/comm") wchan=$(cat "$t/wchan")"

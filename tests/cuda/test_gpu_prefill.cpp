@@ -232,15 +232,15 @@ TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
 
 // A rank that fails mid-run (fault injected at layer 1) must stop its peer with an error instead
 // of a hang. Run through the CLI in a child process under `timeout 60`, so that a hang fails this
-// test instead of stalling the suite. With CUDA's lazy module loading (forced by the environment
-// here) the peer blocks in its first launch of a kernel not yet loaded, behind the NCCL kernel
-// that waits for the dead rank: only the watchdog's abort of the communicators frees it. With the
-// eager loading that cpfill chooses by default it sees the failure at its next host wait.
+// test instead of stalling the suite. With CUDA's default lazy module loading the peer can block
+// in its first launch of a kernel not yet loaded, behind the NCCL kernel that waits for the dead
+// rank: only the watchdog's abort of the communicators frees it. With eager loading (forced by the
+// environment here) it sees the failure at its next host wait.
 TEST(GpuPrefill, FailingRankStopsItsPeer) {
     CPFILL_SKIP_WITHOUT_GPU();
     if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
     const std::string model = golden_fixtures()[0];
-    for (const char* loading : {"", "LAZY"})
+    for (const char* loading : {"", "EAGER"})
         for (const char* tbo : {"off", "on"})
             for (int failing : {1, 0}) {
                 const std::string log =

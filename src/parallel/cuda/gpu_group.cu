@@ -26,10 +26,12 @@ struct GpuGroup::Impl {
     // Runs fn(i) for each local rank on its own thread with its device current; rethrows the
     // first error after aborting every local communicator (peers in other processes see theirs
     // fail or time out). A watchdog: once a rank has failed, the others get kStopGrace to notice
-    // the flag at their next host wait; a rank still running then is blocked on its device (an
-    // NCCL kernel waiting for the dead peer), so the communicators are aborted at once, which
-    // ends those kernels. A rank that has not returned kAbortGrace after that is left behind
-    // (detached) and the error says so: never a hang.
+    // the flag at their next host wait. A rank still running then is blocked behind its device:
+    // an NCCL kernel waits there for the dead peer, and the rank's host thread waits for the
+    // device (a first launch of a kernel that CUDA loads lazily waits for the whole device). So
+    // the communicators are aborted at once, which ends those kernels. A rank that has not
+    // returned kAbortGrace after that is left behind (detached) and the error says so: the
+    // group never waits forever.
     template <class F>
     void on_ranks(F fn) {
         struct Shared {
@@ -63,14 +65,16 @@ struct GpuGroup::Impl {
         sh->cv.wait(lock, [&] { return all_done() || sh->first != nullptr; });
         bool aborted = false;
         if (!all_done() && !sh->cv.wait_for(lock, kStopGrace, all_done)) {
+            lock.unlock();
             abort_all();
             aborted = true;
+            lock.lock();
             sh->cv.wait_for(lock, kAbortGrace, all_done);
         }
         std::string left_behind;
         for (size_t i = 0; i < threads.size(); ++i) {
             if (sh->finished[i]) continue;
-            threads[i].detach();  // it only holds `sh` and this group, which stays broken
+            threads[i].detach();  // it holds `sh` and this group's ranks, which stay allocated
             left_behind += fmt::format(" {}", ranks[i]->rank);
         }
         lock.unlock();
@@ -88,11 +92,31 @@ struct GpuGroup::Impl {
             std::chrono::duration_cast<std::chrono::seconds>(kAbortGrace).count());
     }
 
+    // Aborts every local communicator at once, one thread each: an abort may wait for kernels of
+    // another communicator on the same device, which end only when that one is aborted too.
+    // Waits up to kAbortGrace; aborts still running then are left to finish (the group is broken
+    // and keeps its communicators allocated).
     void abort_all() {
-        for (auto& r : ranks) {
-            if (r->cp_comm) r->cp_comm->abort();
-            if (r->overlap) r->overlap->abort();
-        }
+        struct Pending {
+            std::mutex mu;
+            std::condition_variable cv;
+            size_t left = 0;
+        };
+        auto p = std::make_shared<Pending>();
+        std::vector<cuda::NcclComm*> comms;
+        for (auto& r : ranks)
+            for (cuda::NcclComm* c : {r->cp_comm.get(), r->overlap.get()})
+                if (c) comms.push_back(c);
+        p->left = comms.size();
+        for (cuda::NcclComm* c : comms)
+            std::thread([p, c] {
+                c->abort();
+                std::lock_guard<std::mutex> lock(p->mu);
+                --p->left;
+                p->cv.notify_all();
+            }).detach();
+        std::unique_lock<std::mutex> lock(p->mu);
+        p->cv.wait_for(lock, kAbortGrace, [&] { return p->left == 0; });
     }
 
     static constexpr std::chrono::milliseconds kStopGrace{2000}, kAbortGrace{30000};
