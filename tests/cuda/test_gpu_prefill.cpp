@@ -214,19 +214,27 @@ TEST(GpuPrefill, TboOnEqualsOff) {
     }
 }
 
-TEST(GpuPrefill, Cp2OverNcclEqualsCp1) {
+// CP = 2 over NCCL, and CP = 4 and 8 where that many GPUs are visible, against CP = 1.
+TEST(GpuPrefill, CpOverNcclEqualsCp1) {
     CPFILL_SKIP_WITHOUT_GPU();
-    if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
+    const int gpus = cuda_device_count(nullptr);
+    if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs";
     for (const std::string& dir : golden_fixtures()) {
-        Fixture f1 = load_fixture(dir, 1), f2 = load_fixture(dir, 2);
+        Fixture f1 = load_fixture(dir, 1);
         const PrefillOutput one = run_gpu(f1, 1, TboMode::Off, false);
-        const PrefillOutput two = run_gpu(f2, 2, TboMode::Off, false);
-        expect_same(two, one, dir + " CP=2 vs CP=1");
-        expect_same(run_gpu(f2, 2, TboMode::On, false), one, dir + " CP=2 + TBO vs CP=1");
-        // And as close to HF as CP = 1 is.
-        for (size_t r = 0; r < two.logits.size(); ++r)
-            EXPECT_TRUE(close(fmt::format("{} CP=2 logits {} vs HF", dir, r), two.logits[r],
-                              f2.ref->get("logits" + f2.suffix(static_cast<int>(r))), kTolerance));
+        for (int C : {2, 4, 8}) {
+            if (C > gpus) break;
+            Fixture fc = load_fixture(dir, C);
+            const PrefillOutput many = run_gpu(fc, C, TboMode::Off, false);
+            expect_same(many, one, fmt::format("{} CP={} vs CP=1", dir, C));
+            expect_same(run_gpu(fc, C, TboMode::On, false), one,
+                        fmt::format("{} CP={} + TBO vs CP=1", dir, C));
+            // And as close to HF as CP = 1 is.
+            for (size_t r = 0; r < many.logits.size(); ++r)
+                EXPECT_TRUE(
+                    close(fmt::format("{} CP={} logits {} vs HF", dir, C, r), many.logits[r],
+                          fc.ref->get("logits" + fc.suffix(static_cast<int>(r))), kTolerance));
+        }
     }
 }
 
