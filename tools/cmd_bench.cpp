@@ -38,6 +38,7 @@ struct BenchArgs {
     bool no_exposed = false;
     bool no_ceilings = false;
     int expert_streams = GpuRunOptions{}.expert_streams;
+    std::string expert_gemm = GpuRunOptions{}.grouped_experts ? "grouped" : "streams";
 };
 
 // "a,b,c" → items; an empty item is an error naming the option.
@@ -126,6 +127,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     GpuRunOptions base;
     base.tbo = tbo_mode(row.tbo);
     base.expert_streams = a.expert_streams;
+    base.grouped_experts = a.expert_gemm == "grouped";
     auto once = [&](const GpuRunOptions& opt) {
         GpuStats st;
         g.run(requests, opt, &st);
@@ -269,8 +271,12 @@ Runner add_bench_command(CLI::App& app) {
     c->add_flag("--no-exposed", args->no_exposed,
                 "skip the runs without communication (exposed communication)");
     c->add_flag("--no-ceilings", args->no_ceilings, "skip measuring GEMM/HBM/all-gather ceilings");
+    c->add_option("--expert-gemm", args->expert_gemm,
+                  "routed experts: grouped (two grouped GEMMs) or streams (a GEMM pair per expert)")
+        ->check(CLI::IsMember({"grouped", "streams"}))
+        ->capture_default_str();
     c->add_option("--expert-streams", args->expert_streams,
-                  "CUDA streams the routed experts' GEMMs are spread over (tuning)")
+                  "with --expert-gemm streams: CUDA streams the GEMM pairs are spread over")
         ->check(CLI::Range(1, 8))
         ->capture_default_str();
     return [args] { return bench(*args); };

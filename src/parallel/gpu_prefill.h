@@ -41,7 +41,10 @@ struct GpuRunOptions {
     bool no_comm = false;
     bool phase_timing = false;  // CUDA events around each phase on rank 0 (GpuStats::phases)
     int fail_rank = -1;         // tests: this rank throws at layer 1, before its collectives
-    int expert_streams = 4;     // CUDA streams the routed experts' GEMMs are spread over (1–8)
+    // Routed experts: two grouped GEMMs per sub-batch (cublasGemmGroupedBatchedEx), or a GEMM
+    // pair per expert spread over `expert_streams` CUDA streams (1–8).
+    bool grouped_experts = true;
+    int expert_streams = 4;
 };
 
 // Seconds on rank 0's GPU, from CUDA events. Phases partition the layer loop's compute stream:

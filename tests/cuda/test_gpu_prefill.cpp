@@ -122,7 +122,7 @@ Fixture load_fixture(const std::string& dir, int cp) {
     return f;
 }
 
-PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records) {
+PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool grouped_experts = true) {
     GpuGroupOptions go;
     go.cp = cp;
     GpuGroup g(go);
@@ -133,6 +133,7 @@ PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records) {
     o.tbo = tbo;
     o.all_logits = true;
     o.record_hidden = o.record_topk = records;
+    o.grouped_experts = grouped_experts;
     return g.run(f.requests, o);
 }
 
@@ -211,6 +212,17 @@ TEST(GpuPrefill, TboOnEqualsOff) {
         Fixture f = load_fixture(dir, 1);
         expect_same(run_gpu(f, 1, TboMode::On, false), run_gpu(f, 1, TboMode::Off, false),
                     dir + " CP=1 TBO on vs off");
+    }
+}
+
+// The routed experts by two grouped GEMMs (the default) and by a GEMM pair per expert on the
+// expert streams: the same products, other kernels.
+TEST(GpuPrefill, GroupedExpertsEqualPerExpertGemms) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    for (const std::string& dir : golden_fixtures()) {
+        Fixture f = load_fixture(dir, 1);
+        expect_same(run_gpu(f, 1, TboMode::Off, false, true),
+                    run_gpu(f, 1, TboMode::Off, false, false), dir + " grouped vs per-expert");
     }
 }
 

@@ -40,9 +40,11 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     const float limit = float(cfg.swiglu_limit);
     c.phase(Phase::Moe);
     oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
-    // Routed experts, each on its own rows of every buffer (so they never touch the same memory),
-    // largest first, each on the stream with the fewest rows so far.
-    const int ns = es.count;
+    // Routed experts beside the shared expert: one grouped GEMM each for gate_up and down with one
+    // SwiGLU between them on expert stream 0, or (es.grouped == nullptr) a GEMM pair per expert,
+    // largest first, each on the expert stream with the fewest rows so far. Every expert works
+    // on its own rows of every buffer, so they never touch the same memory.
+    const int ns = es.grouped ? 1 : es.count;
     CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
     for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
     std::vector<int64_t> first(E + 1, 0);
@@ -53,7 +55,14 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         first[e + 1] = first[e] + m;
     }
     CPFILL_CHECK(first[E] == n_assign, "expert counts sum to {}, expected {}", first[E], n_assign);
-    std::vector<int> order(E);
+    if (es.grouped) {
+        const cudaStream_t st = es.stream[0];
+        es.grouped->experts(r.counts, r.host_counts, E, s.xp, D, L.w13.as<bf16>(), 2 * width, s.gu,
+                            st);
+        oc::swiglu(s.gu, n_assign, width, limit, s.sp, s.act, st);
+        es.grouped->experts(r.counts, r.host_counts, E, s.act, width, L.w2.as<bf16>(), D, s.op, st);
+    }
+    std::vector<int> order(es.grouped ? 0 : E);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int a, int b) { return r.host_counts[a] > r.host_counts[b]; });

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "model/cuda/gpu_attention.h"
+#include "ops/cuda/grouped_gemm.h"
 
 namespace cpfill::cuda {
 
@@ -44,10 +45,12 @@ struct GpuMoeScratch {
 // third of an H200's SMs at 64k tokens: ~1,500 rows), each with its own cuBLASLt context, and the
 // events that fork them from and join them back into the compute stream. `count` of the
 // kMaxExpertStreams are used (GpuRunOptions::expert_streams); experts go to the stream with the
-// fewest rows so far, largest first.
+// fewest rows so far, largest first; or, with `grouped`, two grouped GEMMs on stream 0.
 constexpr int kMaxExpertStreams = 8;
+constexpr int kMaxGroupedExperts = 1024;  // routed experts the grouped path takes
 struct GpuExpertStreams {
     int count = kMaxExpertStreams;
+    ops::cuda::GroupedGemm* grouped = nullptr;  // set: the grouped path (stream 0 only)
     cudaStream_t stream[kMaxExpertStreams] = {};
     ops::cuda::GemmContext* gemm[kMaxExpertStreams] = {};
     cudaEvent_t fork = nullptr;

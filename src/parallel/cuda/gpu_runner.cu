@@ -32,6 +32,7 @@ void RankDevice::init_streams() {
         experts.join[i] = streams->expert_join[i].native();
     }
     experts.fork = streams->expert_fork.native();
+    grouped = std::make_unique<ops::cuda::GroupedGemm>(kMaxGroupedExperts);
 }
 
 RankDevice::~RankDevice() {
@@ -61,6 +62,9 @@ class Runner {
         CPFILL_CHECK(opt.expert_streams >= 1 && opt.expert_streams <= kMaxExpertStreams,
                      "expert streams: {}, expected 1 to {}", opt.expert_streams, kMaxExpertStreams);
         dev.experts.count = opt.expert_streams;
+        dev.experts.grouped = opt.grouped_experts ? dev.grouped.get() : nullptr;
+        CPFILL_CHECK(cfg_.n_experts <= kMaxGroupedExperts,
+                     "{} routed experts: at most {} supported", cfg_.n_experts, kMaxGroupedExperts);
         ctx_.stream = dev.compute;
         ctx_.gemm = dev.gemm.get();
         ctx_.flag = &flag;

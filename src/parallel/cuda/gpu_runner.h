@@ -38,7 +38,8 @@ struct RankDevice {
     std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
     GpuExpertStreams experts;  // the routed experts' streams (init_streams)
     std::vector<std::unique_ptr<ops::cuda::GemmContext>> expert_gemms;
-    void init_streams();  // on the rank's thread, its device current
+    std::unique_ptr<ops::cuda::GroupedGemm> grouped;  // the grouped expert GEMMs (init_streams)
+    void init_streams();                              // on the rank's thread, its device current
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<Arena> arena;    // kept between runs; regrown when a run needs more
     int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch
