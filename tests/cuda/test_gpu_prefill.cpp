@@ -122,7 +122,7 @@ Fixture load_fixture(const std::string& dir, int cp) {
     return f;
 }
 
-PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool grouped_experts = true) {
+PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool grouped_experts = false) {
     GpuGroupOptions go;
     go.cp = cp;
     GpuGroup g(go);
@@ -215,8 +215,8 @@ TEST(GpuPrefill, TboOnEqualsOff) {
     }
 }
 
-// The routed experts by two grouped GEMMs (the default) and by a GEMM pair per expert on the
-// expert streams: the same products, other kernels.
+// The routed experts by a GEMM pair per expert on the expert streams (the default) and by two
+// grouped GEMMs: the same products, other kernels.
 TEST(GpuPrefill, GroupedExpertsEqualPerExpertGemms) {
     CPFILL_SKIP_WITHOUT_GPU();
     for (const std::string& dir : golden_fixtures()) {

@@ -2,8 +2,9 @@
 // expert e with n_e > 0 rows, y_e[n_e, out] = x_e[n_e, in] · w_eᵀ, where expert e's rows start at
 // row first_e = Σ_{e' < e} n_e' of x and y (dense rows, the order of sort_by_expert) and
 // w_e = w + e · out · in (the stacked expert weights, [out, in] each). One launch for all experts
-// instead of one per expert: no launch overhead per expert and no tail of one small GEMM per
-// stream (docs/performance-notes.md).
+// instead of one per expert. Measured on the H200 (CUDA 13), it runs at half the rate of one
+// cuBLASLt GEMM per expert, so the MoE uses it only when asked (GpuRunOptions::grouped_experts;
+// docs/performance-notes.md).
 #pragma once
 
 #include <cublas_v2.h>
