@@ -135,10 +135,6 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
                      "--cp {} but mpirun started {} processes (one per GPU rank): expected --cp {}",
                      a.cp, mpi.size(), mpi.size());
     }
-    if (a.device == "cuda")
-        CPFILL_CHECK(a.kv_out.empty(),
-                     "--kv-out: exporting the KV state is not available on the CUDA backend yet "
-                     "(docs/status.md)");
     const int given = !a.input_ids.empty() + !a.input_ids_file.empty() + !a.prompt.empty() +
                       !a.prompt_file.empty();
     CPFILL_CHECK(given == 1,
@@ -169,6 +165,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     opt.tbo = parse_tbo(a.tbo);
     opt.chunk = a.chunk;
     opt.fail_rank = a.inject_fault_rank;
+    opt.keep_kv = !a.kv_out.empty();
     RunResult r = engine.run(requests, opt);
     if (mpi.rank() != 0) return 0;  // rank 0 holds the logits and prints
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);

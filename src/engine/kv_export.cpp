@@ -57,8 +57,13 @@ void write_kv_state(const std::string& dir, const KvStore& store, const ModelCon
             const AttnType type = cfg.layer_types[l];
             n_tokens = kv.n_tokens;
             const int64_t keep = std::min<int64_t>(kv.n_tokens, cfg.window - 1);
-            out.emplace_back(p + "window",
-                             rows_tensor(kv.window, kv.n_tokens - keep, keep, d, 0, d));
+            CPFILL_CHECK(
+                kv.window0 <= kv.n_tokens - keep &&
+                    static_cast<int64_t>(kv.window.size()) == (kv.n_tokens - kv.window0) * d,
+                "{}window: {} keys from position {} cannot give the last {} of {}", p,
+                kv.window.size() / d, kv.window0, keep, kv.n_tokens);
+            out.emplace_back(p + "window", rows_tensor(kv.window, kv.n_tokens - keep - kv.window0,
+                                                       keep, d, 0, d));
             meta[p + "type"] = std::string(attn_type_name(type));
             if (type == AttnType::Sliding) continue;
             const bool csa = type == AttnType::CSA;

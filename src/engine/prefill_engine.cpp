@@ -95,6 +95,7 @@ RunResult PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& reques
     g.record_topk = opt.record_topk;
     g.phase_timing = opt.phase_timing;
     g.fail_rank = opt.fail_rank;
+    g.record_kv = opt.keep_kv;
     RunResult r;
     auto t0 = std::chrono::steady_clock::now();
     r.out = gpu_->run(requests, g, &r.gpu);

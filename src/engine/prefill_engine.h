@@ -29,6 +29,8 @@ struct RunOptions {
     bool record_topk = false;
     bool phase_timing = false;  // cuda: per-phase times in RunResult::gpu
     int fail_rank = -1;         // cuda, tests: GpuRunOptions::fail_rank
+    bool keep_kv = false;       // cuda: download the KV state into RunResult::out.kv (the CPU
+                                // backend always keeps it)
 };
 
 struct RunResult {

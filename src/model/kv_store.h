@@ -21,7 +21,8 @@ struct CompressorTail {
 
 struct LayerKv {
     int64_t n_tokens = 0;
-    std::vector<float> window;  // [n_tokens, head_dim]
+    std::vector<float> window;  // [n_tokens − window0, head_dim]: keys of positions window0 …
+    int64_t window0 = 0;        // 0 in the engine's store; the GPU export keeps only the last rows
     int64_t n_entries = 0;
     std::vector<float> entries;     // [n_entries, head_dim]
     std::vector<float> index_keys;  // [n_entries, index_head_dim] (CSA)

@@ -302,6 +302,8 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                             opt.record_hidden && has_rank0, opt.record_topk && has_rank0);
     out.n_tokens = plan.batch.n_tokens();
     out.tbo_used = plan.tbo;
+    if (opt.record_kv && has_rank0)
+        out.kv.assign(requests.size(), std::vector<LayerKv>(cfg.n_layers));
     GpuStats st;
     const auto t0 = std::chrono::steady_clock::now();
     g.on_ranks([&](size_t i, const cuda::AbortFlag& flag) {

@@ -93,6 +93,8 @@ class Runner {
     void finish(Slot k, SubState& s);
     void record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
                      bool widen_bf16);
+    void record_kv_tails(SubState& s, int li, const bf16* stage);
+    void download_kv();
 
     RankDevice& dev_;
     const GpuWeights& W_;
@@ -213,6 +215,7 @@ void Runner::stage_x(SubState& s, int li) {
         gpu_kv_append(ctx_, W_, L, req_rows, dims_.w_max, seg.pos0, seg.len,
                       ws_.kv[seg.request][li], ws_.attn);
     }
+    if (opt_.record_kv && out_) record_kv_tails(s, li, stage);
     gpu_attn_output(ctx_, W_, L, li, s.grows, ws_.kv, ws_.attn, ws_.attn_out);
     if (opt_.record_topk && L.type == AttnType::CSA)
         record_rows(s, ws_.attn.topk, cfg_.index_topk, 4, out_ ? &out_->topk[li] : nullptr, false);
@@ -286,6 +289,81 @@ void Runner::record_rows(SubState& s, const void* local, int64_t width, size_t e
         const uint16_t* b = reinterpret_cast<const uint16_t*>(src);
         for (int64_t c = 0; c < width; ++c) o[c] = cpfill::bf16_to_f32(b[c]);
     }
+}
+
+// The compressors' tails of the KV state (kv_store.h: the projections of the tokens after the last
+// complete window and, CSA, of that window), from this layer's packed rows while the staging
+// buffer still holds them: each sub-batch copies the rows of the tail it has. Rank 0 only.
+void Runner::record_kv_tails(SubState& s, int li, const bf16* stage) {
+    const AttnType type = W_.layers[li].type;
+    if (type == AttnType::Sliding) return;
+    const bool csa = type == AttnType::CSA;
+    const int64_t ratio = csa ? cfg_.csa_ratio : cfg_.hca_ratio;
+    const PackedWidths pw = packed_widths(cfg_, type);
+    const int64_t width = pw.total(), ld = dims_.w_max;
+    for (const Segment& seg : s.batch->segments) {
+        const int64_t len = static_cast<int64_t>((*plan_.requests)[seg.request].size());
+        LayerKv& kv = out_->kv[seg.request][li];
+        const int64_t tail0 = std::max<int64_t>(0, (len / ratio - (csa ? 1 : 0)) * ratio);
+        if (kv.main_tail.kv.empty()) {  // sized once per request and layer
+            kv.main_tail.pos0 = kv.index_tail.pos0 = tail0;
+            kv.main_tail.kv.assign((len - tail0) * pw.comp, 0.0f);
+            kv.main_tail.gate.assign((len - tail0) * pw.comp, 0.0f);
+            kv.index_tail.kv.assign((len - tail0) * pw.index, 0.0f);
+            kv.index_tail.gate.assign((len - tail0) * pw.index, 0.0f);
+        }
+        const int64_t a = std::max(seg.pos0, tail0), b = seg.pos0 + seg.len;
+        if (a >= b) continue;
+        const bf16* rows = stage + (seg.row0 - seg.pos0 + a) * ld;
+        std::vector<uint16_t> host((b - a) * width);
+        CPFILL_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), width * 2, rows, ld * 2, width * 2, b - a,
+                                            cudaMemcpyDeviceToHost, dev_.compute));
+        wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "downloading the KV state");
+        const auto widen = [&](const uint16_t* src, int64_t n, float* dst) {
+            for (int64_t c = 0; c < n; ++c) dst[c] = cpfill::bf16_to_f32(src[c]);
+        };
+        for (int64_t p = a; p < b; ++p) {
+            const uint16_t* row = host.data() + (p - a) * width;
+            const int64_t t = p - tail0;
+            widen(row + pw.key, pw.comp, kv.main_tail.kv.data() + t * pw.comp);
+            widen(row + pw.key + pw.comp, pw.comp, kv.main_tail.gate.data() + t * pw.comp);
+            if (!csa) continue;
+            const int64_t ci = pw.key + 2 * pw.comp;
+            widen(row + ci, pw.index, kv.index_tail.kv.data() + t * pw.index);
+            widen(row + ci + pw.index, pw.index, kv.index_tail.gate.data() + t * pw.index);
+        }
+    }
+}
+
+// The rest of the KV state after the last layer: the last window − 1 keys, the compressed entries
+// and the indexer keys of every request and layer, widened to f32. Rank 0 only.
+void Runner::download_kv() {
+    const int64_t d = cfg_.head_dim, dI = cfg_.index_head_dim;
+    const auto fetch = [&](const bf16* src, int64_t n) {
+        std::vector<uint16_t> host(n);
+        if (n > 0) {
+            CPFILL_CUDA_CHECK(
+                cudaMemcpyAsync(host.data(), src, n * 2, cudaMemcpyDeviceToHost, dev_.compute));
+            wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "downloading the KV state");
+        }
+        std::vector<float> out(n);
+        for (int64_t i = 0; i < n; ++i) out[i] = cpfill::bf16_to_f32(host[i]);
+        return out;
+    };
+    for (size_t r = 0; r < out_->kv.size(); ++r)
+        for (int li = 0; li < cfg_.n_layers; ++li) {
+            const GpuLayerKv& g = ws_.kv[r][li];
+            LayerKv& kv = out_->kv[r][li];
+            kv.n_tokens = g.n_tokens;
+            const int64_t keep = std::min<int64_t>(g.n_tokens, cfg_.window - 1);
+            kv.window0 = g.n_tokens - keep;
+            kv.window = fetch(g.window + kv.window0 * d, keep * d);
+            if (W_.layers[li].type == AttnType::Sliding) continue;
+            kv.n_entries = g.n_entries;
+            kv.entries = fetch(g.entries, g.n_entries * d);
+            if (W_.layers[li].type == AttnType::CSA)
+                kv.index_keys = fetch(g.index_keys, g.n_entries * dI);
+        }
 }
 
 void Runner::head(SubState& s) {
@@ -363,6 +441,7 @@ void Runner::run(GpuStats* stats) {
     wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "the prefill");
     wait_stream(dev_.comm, *ctx_.flag, ctx_.deadline, "the comm stream");
     wait_stream(dev_.route, *ctx_.flag, ctx_.deadline, "the router stream");
+    if (opt_.record_kv && out_) download_kv();
     if (stats && timer_.enabled()) {
         const std::vector<double> p = timer_.phase_seconds();
         stats->phases.attention = p[static_cast<int>(Phase::Attention)];
