@@ -58,8 +58,10 @@ bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp);
 // collectives (bytes / bus bandwidth) but splits every expert GEMM in two, which costs a fixed
 // overhead per extra GEMM (measured on H200: ≈ 12 µs). Splits when the hidden time exceeds it.
 struct TboCostModel {
-    double busbw_gbps = 250;          // NCCL all-gather bus bandwidth (performance.md, 2×H200)
-    double split_overhead_s = 12e-6;  // per extra expert GEMM launched by the split
+    double busbw_gbps = 250;  // NCCL all-gather bus bandwidth (performance.md, 2×H200)
+    // Per extra expert GEMM launched by the split (refitted after the expert streams:
+    // docs/parallel.md).
+    double split_overhead_s = 9e-6;
 };
 double gpu_tbo_gain_seconds(const ModelConfig& cfg, int64_t n_tokens, int cp,
                             const TboCostModel& m = {});

@@ -26,9 +26,14 @@ TEST(GpuTboCost, GainGrowsWithLengthAndCrossesOver) {
         EXPECT_GT(g, prev) << t;
         prev = g;
     }
-    // Measured on 2×H200 (docs/performance-notes.md): TBO did not pay at 8k–64k.
+    // Measured (docs/performance-notes.md, second table): on 2×H200 TBO did not pay at 8k–64k
+    // and was 1.5% faster at 128k; on 4×H200 it was 1.6% slower at 64k, 2.1% faster at 128k.
     EXPECT_FALSE(gpu_tbo_pays(cfg, 64 * 1024, 2));
+    EXPECT_TRUE(gpu_tbo_pays(cfg, 128 * 1024, 2));
     EXPECT_TRUE(gpu_tbo_pays(cfg, 1 << 20, 2));
+    EXPECT_FALSE(gpu_tbo_pays(cfg, 32 * 1024, 4));
+    EXPECT_FALSE(gpu_tbo_pays(cfg, 64 * 1024, 4));
+    EXPECT_TRUE(gpu_tbo_pays(cfg, 128 * 1024, 4));
     // Slower links hide more: the crossover moves down.
     TboCostModel slow{25, 12e-6};
     EXPECT_TRUE(gpu_tbo_pays(cfg, 64 * 1024, 2, slow));
