@@ -20,7 +20,8 @@ struct GpuGroup::Impl {
     GpuGroupOptions opt;
     std::vector<std::unique_ptr<RankDevice>> ranks;  // local ranks
     std::vector<int> local;                          // their ranks
-    bool broken = false;  // a failure aborted the communicators: the group cannot run again
+    bool broken = false;     // a failure aborted the communicators: the group cannot run again
+    bool abandoned = false;  // a rank thread was left running: this Impl must outlive it
     std::string broken_why;
 
     // Runs fn(i) for each local rank on its own thread with its device current; rethrows the
@@ -85,6 +86,7 @@ struct GpuGroup::Impl {
         broken = true;
         broken_why = sh->flag.why();
         if (left_behind.empty()) std::rethrow_exception(sh->first);
+        abandoned = true;
         CPFILL_FAIL(
             "{}; rank(s){} did not stop within {} s after their communicators were "
             "aborted and were left running",
@@ -163,14 +165,19 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
     }
     g.local = local;
     // NCCL init is collective: every local rank joins at once, on its own thread.
-    g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
-        RankDevice& r = *g.ranks[i];
-        r.init_streams();
-        r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
-        r.overlap = r.cp_comm->dup();
-        r.gemm = std::make_unique<ops::cuda::GemmContext>();
-        r.gemm_route = std::make_unique<ops::cuda::GemmContext>();
-    });
+    try {
+        g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
+            RankDevice& r = *g.ranks[i];
+            r.init_streams();
+            r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
+            r.overlap = r.cp_comm->dup();
+            r.gemm = std::make_unique<ops::cuda::GemmContext>();
+            r.gemm_route = std::make_unique<ops::cuda::GemmContext>();
+        });
+    } catch (...) {
+        if (g.abandoned) (void)impl_.release();  // a rank thread still uses it
+        throw;
+    }
 }
 
 GpuGroup::~GpuGroup() {
@@ -178,6 +185,10 @@ GpuGroup::~GpuGroup() {
     // device memory (cudaFree synchronises) could wait for them: leave the device state to the
     // process's exit instead.
     if (!impl_->broken) return;
+    if (impl_->abandoned) {  // a rank thread left running still uses the group's state
+        (void)impl_.release();
+        return;
+    }
     for (auto& r : impl_->ranks) (void)r.release();
 }
 
