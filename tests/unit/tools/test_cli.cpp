@@ -2,15 +2,13 @@
 // command line, and every kind of bad input ends in exactly one "error:" line naming the culprit
 // and a non-zero exit code, never a crash.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "../io/io_test_util.h"
+#include "cli_test_util.h"
 #include "io/safetensors.h"
 
 namespace cpfill {
@@ -19,23 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
-struct Result {
-    int code = -1;
-    std::string out;  // stdout and stderr together
-};
-
-Result run_cli(const std::string& args) {
-    std::string cmd = std::string(CPFILL_BINARY) + " " + args + " 2>&1";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return r;
-}
+using Result = test::CliResult;
+using test::run_cli;
 
 const std::string kFixture = std::string(CPFILL_TEST_DATA_DIR) + "/dsv4_tiny_b";
 

@@ -3,35 +3,19 @@
 // GPU machine (a benchmark is not a test, conventions.md); the report it prints is tested in
 // tests/unit/engine/test_bench_report.cpp.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "runtime/device.h"
 
 namespace cpfill {
 namespace {
 
-struct Result {
-    int code = -1;
-    std::string out;  // stdout and stderr together
-};
+using Result = test::CliResult;
 
-Result bench(const std::string& args) {
-    const std::string cmd = std::string(CPFILL_BINARY) + " bench " + args + " 2>&1";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return r;
-}
+Result bench(const std::string& args) { return test::run_cli("bench " + args); }
 
 void expect_error(const std::string& args, const std::vector<std::string>& parts) {
     const Result r = bench(args);
