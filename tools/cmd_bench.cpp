@@ -148,8 +148,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     const GpuStats st = once(timed);
     row.phase_run_seconds = st.seconds;
     row.layer_seconds = st.layer_seconds;
-    const GpuPhases& p = st.phases;
-    row.phases = {p.attention, p.indexer, p.compressor, p.moe, p.collectives, p.other};
+    row.phases = st.phases;
     if (row.cp > 1 && !a.no_exposed) {
         GpuRunOptions silent = base;
         silent.no_comm = true;  // timing only: the result is wrong

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "engine/bench_report.h"
 #include "engine/kv_export.h"
 #include "engine/prefill_engine.h"
 #include "io/safetensors.h"
@@ -65,16 +66,9 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     j["memory"] = {{"rank_weight_bytes", engine.rank_weight_bytes()},
                    {"peak_rss_bytes", peak_rss_bytes()}};
     if (a.device == "cuda") {
-        const GpuPhases& p = r.gpu.phases;
         j["gpu"] = {{"peak_bytes_per_gpu", r.gpu.peak_bytes},
                     {"weight_bytes_per_gpu", r.gpu.weight_bytes},
-                    {"phases_s",
-                     {{"attention", p.attention},
-                      {"indexer", p.indexer},
-                      {"compressor", p.compressor},
-                      {"moe", p.moe},
-                      {"collectives", p.collectives},
-                      {"other", p.other}}}};
+                    {"phases_s", phases_to_json(r.gpu.phases)}};
     }
     if (!a.logits_out.empty()) j["logits_out"] = a.logits_out;
     if (!a.kv_out.empty()) j["kv_out"] = a.kv_out;

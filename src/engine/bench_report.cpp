@@ -350,7 +350,6 @@ AttnType attn_from_name(const std::string& s) {
 }
 
 json row_json(const BenchRow& row) {
-    const BenchPhases& p = row.phases;
     json j = {{"cp", row.cp},
               {"tbo", row.tbo},
               {"length", row.length},
@@ -358,13 +357,7 @@ json row_json(const BenchRow& row) {
               {"ttft_runs_s", row.ttft_runs},
               {"no_comm_runs_s", row.no_comm_runs},
               {"phase_run_s", row.phase_run_seconds},
-              {"phases_s",
-               {{"attention", p.attention},
-                {"indexer", p.indexer},
-                {"compressor", p.compressor},
-                {"moe", p.moe},
-                {"collectives", p.collectives},
-                {"other", p.other}}},
+              {"phases_s", phases_to_json(row.phases)},
               {"layer_seconds", row.layer_seconds},
               {"peak_bytes", row.peak_bytes},
               {"tbo_used", row.tbo_used},
@@ -438,6 +431,12 @@ BenchRow row_from_json(const json& j) {
 }
 
 }  // namespace
+
+nlohmann::json phases_to_json(const GpuPhases& p) {
+    return {{"attention", p.attention},     {"indexer", p.indexer},
+            {"compressor", p.compressor},   {"moe", p.moe},
+            {"collectives", p.collectives}, {"other", p.other}};
+}
 
 nlohmann::json report_to_json(const BenchReport& r) {
     json j = {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/model_config.h"
+#include "parallel/gpu_prefill.h"
 
 namespace cpfill {
 
@@ -44,11 +45,10 @@ ModelConfig with_layer_count(const ModelConfig& cfg, int n_layers);
 double median(std::vector<double> v);  // 0 for an empty list
 std::string format_length(int64_t n);  // 8192 → "8k", 1048576 → "1M", 5000 → "5000"
 
-// Seconds per phase of the phase-timing run (GpuPhases, parallel/gpu_prefill.h).
-struct BenchPhases {
-    double attention = 0, indexer = 0, compressor = 0, moe = 0, collectives = 0, other = 0;
-    bool operator==(const BenchPhases&) const = default;
-};
+// Seconds per phase of the phase-timing run.
+using BenchPhases = GpuPhases;
+// {"attention": s, "indexer": s, …}: the "phases_s" object of the bench JSON and of `run --json`.
+nlohmann::json phases_to_json(const GpuPhases& p);
 
 // Ceilings measured on the machine in the same run (GpuCeilings).
 struct BenchCeilings {

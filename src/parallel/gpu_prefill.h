@@ -58,6 +58,11 @@ struct GpuRunOptions {
 struct GpuPhases {
     double attention = 0, indexer = 0, compressor = 0, moe = 0, collectives = 0, other = 0;
 };
+// (CUDA sources compile as C++17: no defaulted comparison.)
+inline bool operator==(const GpuPhases& a, const GpuPhases& b) {
+    return a.attention == b.attention && a.indexer == b.indexer && a.compressor == b.compressor &&
+           a.moe == b.moe && a.collectives == b.collectives && a.other == b.other;
+}
 
 struct GpuStats {
     double seconds = 0;                 // wall clock of the prefill on the host (all ranks done)
