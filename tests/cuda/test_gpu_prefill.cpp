@@ -45,49 +45,20 @@ constexpr double kOutlierRows = 0.10;
     if (actual.numel() != expected.numel())
         return ::testing::AssertionFailure()
                << what << ": " << actual.numel() << " values vs " << expected.numel();
-    const float* a = actual.f32();
-    const float* b = expected.f32();
-    const int64_t n = actual.numel(), rows = expected.ndim() > 1 ? expected.dim(0) : 1;
-    const int64_t width = n / rows;
-    double ref_max = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        ref_max = std::max(ref_max, std::abs(double(b[i])));
-        if (!std::isfinite(a[i])) return ::testing::AssertionFailure() << what << ": non-finite";
-    }
-    double num = 0, den = 0, worst = 0;
-    int64_t outliers = 0, worst_row = -1;
-    for (int64_t r = 0; r < rows; ++r) {
-        double m = 0, rn = 0, rd = 0;
-        for (int64_t c = 0; c < width; ++c) {
-            const double e = double(a[r * width + c]) - double(b[r * width + c]);
-            m = std::max(m, std::abs(e));
-            rn += e * e;
-            rd += double(b[r * width + c]) * b[r * width + c];
-        }
-        if (m > worst) {
-            worst = m;
-            worst_row = r;
-        }
-        if (m > tol * ref_max) {
-            ++outliers;
-            continue;
-        }
-        num += rn;
-        den += rd;
-    }
-    const double frob = std::sqrt(num / std::max(den, 1e-30));
-    if (frob_out) *frob_out = frob;
+    const testing::RowErrors e = testing::row_errors(actual, expected, tol);
+    if (!e.finite) return ::testing::AssertionFailure() << what << ": non-finite";
+    if (frob_out) *frob_out = e.frob;
     std::printf(
         "[ compare ] %s: %lld of %lld rows over %.0e, the others frobenius-relative %.3g (worst "
         "row "
         "%lld: max abs %.3g of %.3g)\n",
-        what.c_str(), static_cast<long long>(outliers), static_cast<long long>(rows), tol, frob,
-        static_cast<long long>(worst_row), worst, ref_max);
-    if (frob <= tol && outliers <= static_cast<int64_t>(kOutlierRows * rows))
+        what.c_str(), static_cast<long long>(e.outliers), static_cast<long long>(e.rows), tol,
+        e.frob, static_cast<long long>(e.worst_row), e.worst, e.ref_max);
+    if (e.frob <= tol && e.outliers <= static_cast<int64_t>(kOutlierRows * e.rows))
         return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
-           << what << ": frobenius-relative error " << frob << " (limit " << tol << "), "
-           << outliers << " of " << rows << " rows off by more than " << tol
+           << what << ": frobenius-relative error " << e.frob << " (limit " << tol << "), "
+           << e.outliers << " of " << e.rows << " rows off by more than " << tol
            << " of the max (limit " << kOutlierRows * 100 << "%)";
 }
 

@@ -9,10 +9,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
+#include "../golden/golden_util.h"
 #include "cuda_test_util.h"
 #include "io/safetensors.h"
 
@@ -46,44 +46,23 @@ void expect_close_exports(const std::string& gpu_dir, const std::string& cpu_dir
         ASSERT_TRUE(g.has(name)) << what << ": " << name << " missing";
         const Tensor a = g.get(name), b = c.get(name);
         ASSERT_EQ(a.shape(), b.shape()) << what << ": " << name;
-        const int64_t n = b.numel(), rows = b.ndim() > 1 ? b.dim(0) : 1, width = n / rows;
-        double ref_max = 0, max_err = 0, num = 0, den = 0;
-        int64_t outliers = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            ASSERT_TRUE(std::isfinite(a.f32()[i])) << what << ": " << name << " at " << i;
-            ref_max = std::max(ref_max, std::abs(double(b.f32()[i])));
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-            double m = 0, rn = 0, rd = 0;
-            for (int64_t k = r * width; k < (r + 1) * width; ++k) {
-                const double e = double(a.f32()[k]) - b.f32()[k];
-                m = std::max(m, std::abs(e));
-                rn += e * e;
-                rd += double(b.f32()[k]) * b.f32()[k];
-            }
-            max_err = std::max(max_err, m);
-            if (m > 2e-2 * ref_max) {
-                ++outliers;
-                continue;
-            }
-            num += rn;
-            den += rd;
-        }
-        const double frob = std::sqrt(num / std::max(den, 1e-30));
+        const testing::RowErrors e = testing::row_errors(a, b, 2e-2);
+        ASSERT_TRUE(e.finite) << what << ": " << name;
         const bool exact_layer = layer_of(name) < kExactLayers;
         std::printf(
             "[ kv ] %s %s [%lld x %lld]: max abs %.3g of %.3g, %lld outlier rows, others "
             "frobenius %.3g\n",
-            what.c_str(), name.c_str(), static_cast<long long>(rows), static_cast<long long>(width),
-            max_err, ref_max, static_cast<long long>(outliers), frob);
-        if (n == 0) continue;
+            what.c_str(), name.c_str(), static_cast<long long>(e.rows),
+            static_cast<long long>(e.rows > 0 ? b.numel() / e.rows : 0), e.worst, e.ref_max,
+            static_cast<long long>(e.outliers), e.frob);
+        if (b.numel() == 0) continue;
         if (exact_layer) {
             ++strict;
-            EXPECT_LE(max_err, 5e-2 * ref_max) << what << ": " << name;
-            EXPECT_LE(frob, 2e-2) << what << ": " << name;
-        } else if (rows >= 10) {
-            EXPECT_LE(outliers, rows / 10) << what << ": " << name;
-            EXPECT_LE(frob, 2e-2) << what << ": " << name;
+            EXPECT_LE(e.worst, 5e-2 * e.ref_max) << what << ": " << name;
+            EXPECT_LE(e.frob, 2e-2) << what << ": " << name;
+        } else if (e.rows >= 10) {
+            EXPECT_LE(e.outliers, e.rows / 10) << what << ": " << name;
+            EXPECT_LE(e.frob, 2e-2) << what << ": " << name;
         }
     }
     EXPECT_GE(strict, 10) << what << ": too few tensors checked strictly";  // window, entries,

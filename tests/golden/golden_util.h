@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -33,6 +34,51 @@ inline Tensor rows_of(const Tensor& t, int64_t row0, int64_t rows) {
     Tensor out = Tensor::empty(DType::F32, s);
     std::copy(t.f32() + row0 * row, t.f32() + (row0 + rows) * row, out.f32());
     return out;
+}
+
+// Row by row, actual against expected (f32, the same number of elements; rows = expected's first
+// dimension, or 1 for a vector): the largest |expected|, the worst row's max-abs error and index,
+// how many rows have a max-abs error above tol × that largest value (outliers), and the
+// Frobenius-relative error ‖a − b‖ / ‖b‖ over the other rows. finite: actual has no NaN or Inf.
+struct RowErrors {
+    double ref_max = 0, worst = 0, frob = 0;
+    int64_t rows = 0, outliers = 0, worst_row = -1;
+    bool finite = true;
+};
+
+inline RowErrors row_errors(const Tensor& actual, const Tensor& expected, double tol) {
+    RowErrors e;
+    const float* a = actual.f32();
+    const float* b = expected.f32();
+    const int64_t n = expected.numel();
+    e.rows = expected.ndim() > 1 ? expected.dim(0) : 1;
+    const int64_t width = e.rows > 0 ? n / e.rows : 0;
+    for (int64_t i = 0; i < n; ++i) {
+        e.ref_max = std::max(e.ref_max, std::abs(double(b[i])));
+        if (!std::isfinite(a[i])) e.finite = false;
+    }
+    double num = 0, den = 0;
+    for (int64_t r = 0; r < e.rows; ++r) {
+        double m = 0, rn = 0, rd = 0;
+        for (int64_t c = r * width; c < (r + 1) * width; ++c) {
+            const double d = double(a[c]) - double(b[c]);
+            m = std::max(m, std::abs(d));
+            rn += d * d;
+            rd += double(b[c]) * b[c];
+        }
+        if (m > e.worst) {
+            e.worst = m;
+            e.worst_row = r;
+        }
+        if (m > tol * e.ref_max) {
+            ++e.outliers;
+            continue;
+        }
+        num += rn;
+        den += rd;
+    }
+    e.frob = std::sqrt(num / std::max(den, 1e-30));
+    return e;
 }
 
 // Whether query t selects different entries, compared as sets (−1 padding ignored): ref is HF's
