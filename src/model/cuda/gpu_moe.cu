@@ -61,26 +61,27 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
                             st);
         oc::swiglu(s.gu, n_assign, width, limit, s.sp, s.act, st);
         es.grouped->experts(r.counts, r.host_counts, E, s.act, width, L.w2.as<bf16>(), D, s.op, st);
-    }
-    std::vector<int> order(es.grouped ? 0 : E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return r.host_counts[a] > r.host_counts[b]; });
-    int64_t load[kMaxExpertStreams] = {};
-    for (const int e : order) {
-        const int64_t m = r.host_counts[e], off = first[e];
-        if (m == 0) break;
-        const int si = static_cast<int>(std::min_element(load, load + ns) - load);
-        load[si] += m;
-        const cudaStream_t st = es.stream[si];
-        oc::GemmContext& g = *es.gemm[si];
-        bf16* gu = s.gu + off * 2 * width;
-        bf16* act = s.act + off * width;
-        oc::linear_bf16(g, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D, 2 * width,
-                        gu, nullptr, false, st);
-        oc::swiglu(gu, m, width, limit, s.sp + off, act, st);
-        oc::linear_bf16(g, act, m, width, L.w2.as<bf16>() + e * D * width, D, s.op + off * D,
-                        nullptr, false, st);
+    } else {
+        std::vector<int> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return r.host_counts[a] > r.host_counts[b]; });
+        int64_t load[kMaxExpertStreams] = {};
+        for (const int e : order) {
+            const int64_t m = r.host_counts[e], off = first[e];
+            if (m == 0) break;
+            const int si = static_cast<int>(std::min_element(load, load + ns) - load);
+            load[si] += m;
+            const cudaStream_t st = es.stream[si];
+            oc::GemmContext& g = *es.gemm[si];
+            bf16* gu = s.gu + off * 2 * width;
+            bf16* act = s.act + off * width;
+            oc::linear_bf16(g, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D,
+                            2 * width, gu, nullptr, false, st);
+            oc::swiglu(gu, m, width, limit, s.sp + off, act, st);
+            oc::linear_bf16(g, act, m, width, L.w2.as<bf16>() + e * D * width, D, s.op + off * D,
+                            nullptr, false, st);
+        }
     }
     // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32.
     oc::linear_bf16(*c.gemm, y, rows, D, L.shared_w13.as<bf16>(), 2 * width, s.gu_shared, nullptr,
