@@ -47,6 +47,11 @@ void RankDevice::alloc_host_counts(int n_experts) {
 
 namespace {
 
+// dst[0 … n) = the bf16 values src[0 … n) (their bits) as f32: rows downloaded for the host.
+void bf16_to_f32_n(const uint16_t* src, int64_t n, float* dst) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = cpfill::bf16_to_f32(src[i]);
+}
+
 class Runner {
   public:
     Runner(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt, const AbortFlag& flag,
@@ -285,9 +290,8 @@ void Runner::record_rows(SubState& s, const void* local, int64_t width, size_t e
             std::memcpy(base + t * bytes, src, bytes);
             continue;
         }
-        float* o = reinterpret_cast<float*>(base) + t * width;
-        const uint16_t* b = reinterpret_cast<const uint16_t*>(src);
-        for (int64_t c = 0; c < width; ++c) o[c] = cpfill::bf16_to_f32(b[c]);
+        bf16_to_f32_n(reinterpret_cast<const uint16_t*>(src), width,
+                      reinterpret_cast<float*>(base) + t * width);
     }
 }
 
@@ -319,18 +323,15 @@ void Runner::record_kv_tails(SubState& s, int li, const bf16* stage) {
         CPFILL_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), width * 2, rows, ld * 2, width * 2, b - a,
                                             cudaMemcpyDeviceToHost, dev_.compute));
         wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "downloading the KV state");
-        const auto widen = [&](const uint16_t* src, int64_t n, float* dst) {
-            for (int64_t c = 0; c < n; ++c) dst[c] = cpfill::bf16_to_f32(src[c]);
-        };
         for (int64_t p = a; p < b; ++p) {
             const uint16_t* row = host.data() + (p - a) * width;
             const int64_t t = p - tail0;
-            widen(row + pw.key, pw.comp, kv.main_tail.kv.data() + t * pw.comp);
-            widen(row + pw.key + pw.comp, pw.comp, kv.main_tail.gate.data() + t * pw.comp);
+            bf16_to_f32_n(row + pw.key, pw.comp, kv.main_tail.kv.data() + t * pw.comp);
+            bf16_to_f32_n(row + pw.key + pw.comp, pw.comp, kv.main_tail.gate.data() + t * pw.comp);
             if (!csa) continue;
             const int64_t ci = pw.key + 2 * pw.comp;
-            widen(row + ci, pw.index, kv.index_tail.kv.data() + t * pw.index);
-            widen(row + ci + pw.index, pw.index, kv.index_tail.gate.data() + t * pw.index);
+            bf16_to_f32_n(row + ci, pw.index, kv.index_tail.kv.data() + t * pw.index);
+            bf16_to_f32_n(row + ci + pw.index, pw.index, kv.index_tail.gate.data() + t * pw.index);
         }
     }
 }
@@ -347,7 +348,7 @@ void Runner::download_kv() {
             wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "downloading the KV state");
         }
         std::vector<float> out(n);
-        for (int64_t i = 0; i < n; ++i) out[i] = cpfill::bf16_to_f32(host[i]);
+        bf16_to_f32_n(host.data(), n, out.data());
         return out;
     };
     for (size_t r = 0; r < out_->kv.size(); ++r)
