@@ -27,12 +27,26 @@ void RankDevice::init_streams() {
     route = streams->route;
     for (int i = 0; i < kMaxExpertStreams; ++i) {
         experts.stream[i] = streams->experts[i];
-        expert_gemms.push_back(std::make_unique<ops::cuda::GemmContext>());
-        experts.gemm[i] = expert_gemms.back().get();
         experts.join[i] = streams->expert_join[i].native();
     }
     experts.fork = streams->expert_fork.native();
-    grouped = std::make_unique<ops::cuda::GroupedGemm>(kMaxGroupedExperts);
+    use_experts(GpuRunOptions{}.expert_streams, false, 0);
+}
+
+void RankDevice::use_experts(int streams, bool grouped_gemm, int n_experts) {
+    CPFILL_CHECK(streams >= 1 && streams <= kMaxExpertStreams,
+                 "expert streams: {}, expected 1 to {}", streams, kMaxExpertStreams);
+    while (static_cast<int>(expert_gemms.size()) < streams) {
+        expert_gemms.push_back(std::make_unique<ops::cuda::GemmContext>());
+        experts.gemm[expert_gemms.size() - 1] = expert_gemms.back().get();
+    }
+    experts.count = streams;
+    experts.grouped = nullptr;
+    if (!grouped_gemm) return;
+    CPFILL_CHECK(n_experts <= kMaxGroupedExperts, "{} routed experts: at most {} supported",
+                 n_experts, kMaxGroupedExperts);
+    if (!grouped) grouped = std::make_unique<ops::cuda::GroupedGemm>(kMaxGroupedExperts);
+    experts.grouped = grouped.get();
 }
 
 RankDevice::~RankDevice() {
@@ -64,12 +78,7 @@ class Runner {
           out_(out),
           timer_(opt.phase_timing && dev.rank == 0),
           dims_(dims_of(cfg_, plan, dev.cp, opt)) {
-        CPFILL_CHECK(opt.expert_streams >= 1 && opt.expert_streams <= kMaxExpertStreams,
-                     "expert streams: {}, expected 1 to {}", opt.expert_streams, kMaxExpertStreams);
-        dev.experts.count = opt.expert_streams;
-        dev.experts.grouped = opt.grouped_experts ? dev.grouped.get() : nullptr;
-        CPFILL_CHECK(cfg_.n_experts <= kMaxGroupedExperts,
-                     "{} routed experts: at most {} supported", cfg_.n_experts, kMaxGroupedExperts);
+        dev.use_experts(opt.expert_streams, opt.grouped_experts, cfg_.n_experts);
         ctx_.stream = dev.compute;
         ctx_.gemm = dev.gemm.get();
         ctx_.flag = &flag;

@@ -38,8 +38,11 @@ struct RankDevice {
     std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
     GpuExpertStreams experts;  // the routed experts' streams (init_streams)
     std::vector<std::unique_ptr<ops::cuda::GemmContext>> expert_gemms;
-    std::unique_ptr<ops::cuda::GroupedGemm> grouped;  // the grouped expert GEMMs (init_streams)
+    std::unique_ptr<ops::cuda::GroupedGemm> grouped;  // the grouped expert GEMMs, when asked for
     void init_streams();                              // on the rank's thread, its device current
+    // Points `experts` at `streams` expert streams and (grouped) the grouped GEMMs, creating the
+    // cuBLAS contexts a run asks for beyond those init_streams made (the default count).
+    void use_experts(int streams, bool grouped_gemm, int n_experts);
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<Arena> arena;    // kept between runs; regrown when a run needs more
     int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch
