@@ -66,11 +66,16 @@ for src in tests/fuzz/fuzz_*.cpp; do
     seed_dir=$seeds/$name
     [ -d "$seed_dir" ] || seed_dir=$seeds/default
     corpus=$build/fuzz-corpus/$name    # grows across runs
+    # Committed inputs (tests/fuzz/inputs/NAME/): seeds too large to write here, and every input
+    # that once crashed, so that each run starts by replaying them.
+    inputs=tests/fuzz/inputs/$name
+    extra=()
+    [ -d "$inputs" ] && extra=("$inputs")
     artifacts=$build/fuzz-artifacts/$name/
     mkdir -p "$corpus" "$artifacts"
     echo "fuzz: $name for ${seconds}s"
     if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-        -dict="$seeds/json.dict" -artifact_prefix="$artifacts" "$corpus" "$seed_dir" \
+        -dict="$seeds/json.dict" -artifact_prefix="$artifacts" "$corpus" "$seed_dir" "${extra[@]}" \
         >"$build/fuzz-$name.log" 2>&1; then
         echo "fuzz: $name FAILED; reproducer in $artifacts, log $build/fuzz-$name.log" >&2
         tail -n 40 "$build/fuzz-$name.log" >&2

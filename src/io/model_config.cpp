@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json_excerpt.h"
 
 namespace cpfill {
 
@@ -52,9 +53,7 @@ std::string json_kind(const json& v) {
 }
 
 std::string show(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 60) s = s.substr(0, 57) + "...";
-    return fmt::format("{} ({})", s, json_kind(v));
+    return fmt::format("{} ({})", json_excerpt(v, 60), json_kind(v));
 }
 
 // Typed access to one JSON object; every error names the field (with its path), what was

@@ -17,22 +17,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/json_excerpt.h"
+
 namespace cpfill {
 
 namespace {
 
 using json = nlohmann::json;
-
-// A short description of a JSON value for error messages: scalars printed (long strings cut),
-// containers by type only (dumping an arbitrarily nested value could recurse very deeply).
-std::string describe(const json& j) {
-    if (j.is_string()) {
-        const auto& s = j.get_ref<const std::string&>();
-        return s.size() <= 64 ? json(s).dump() : json(s.substr(0, 64)).dump() + "...";
-    }
-    if (j.is_primitive()) return j.dump();
-    return j.type_name();
-}
 
 // A non-negative integer that fits in uint64_t, or nullopt.
 std::optional<uint64_t> as_u64(const json& j) {
@@ -52,32 +43,32 @@ const json& field(const json& entry, const char* key, const std::string& source,
 TensorInfo parse_tensor_entry(const std::string& name, const json& entry, size_t data_size,
                               const std::string& source) {
     CPFILL_CHECK(entry.is_object(), "{}: tensor '{}': expected an object, found {}", source, name,
-                 describe(entry));
+                 json_excerpt(entry));
     TensorInfo info;
     info.name = name;
     info.file = source;
 
     const json& dtype = field(entry, "dtype", source, name);
     CPFILL_CHECK(dtype.is_string(), "{}: tensor '{}': dtype: expected a string, found {}", source,
-                 name, describe(dtype));
+                 name, json_excerpt(dtype));
     auto parsed = parse_dtype(dtype.get_ref<const std::string&>());
     CPFILL_CHECK(parsed.has_value(),
                  "{}: tensor '{}': unknown dtype {} (expected one of F32, F16, BF16, F8_E4M3, "
                  "F8_E8M0, I8, U8, I16, I32, I64, BOOL)",
-                 source, name, describe(dtype));
+                 source, name, json_excerpt(dtype));
     info.dtype = *parsed;
 
     // size · (product of the non-zero dims) must fit in int64, whatever the order of the dims, so
     // that numel, strides and byte counts computed later from the Shape cannot overflow.
     const json& shape = field(entry, "shape", source, name);
     CPFILL_CHECK(shape.is_array(), "{}: tensor '{}': shape: expected an array, found {}", source,
-                 name, describe(shape));
+                 name, json_excerpt(shape));
     constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
     for (const json& d : shape) {
         auto dim = as_u64(d);
         CPFILL_CHECK(dim.has_value() && *dim <= kMax,
                      "{}: tensor '{}': shape: expected non-negative integers, found {}", source,
-                     name, describe(d));
+                     name, json_excerpt(d));
         info.shape.push_back(static_cast<int64_t>(*dim));
     }
     uint64_t bytes = dtype_size(info.dtype);
@@ -98,13 +89,13 @@ TensorInfo parse_tensor_entry(const std::string& name, const json& entry, size_t
     CPFILL_CHECK(
         offsets.is_array() && offsets.size() == 2,
         "{}: tensor '{}': data_offsets: expected [begin, end], found {}", source, name,
-        offsets.is_array() ? fmt::format("{} elements", offsets.size()) : describe(offsets));
+        offsets.is_array() ? fmt::format("{} elements", offsets.size()) : json_excerpt(offsets));
     auto begin = as_u64(offsets[0]);
     auto end = as_u64(offsets[1]);
     CPFILL_CHECK(begin && end,
                  "{}: tensor '{}': data_offsets: expected non-negative integers, "
                  "found [{}, {}]",
-                 source, name, describe(offsets[0]), describe(offsets[1]));
+                 source, name, json_excerpt(offsets[0]), json_excerpt(offsets[1]));
     CPFILL_CHECK(*begin <= *end, "{}: tensor '{}': data_offsets [{}, {}]: begin after end", source,
                  name, *begin, *end);
     CPFILL_CHECK(*end - *begin == bytes,
@@ -122,10 +113,10 @@ TensorInfo parse_tensor_entry(const std::string& name, const json& entry, size_t
 void parse_metadata(const json& meta, const std::string& source,
                     std::map<std::string, std::string>* metadata) {
     CPFILL_CHECK(meta.is_object(), "{}: __metadata__: expected an object, found {}", source,
-                 describe(meta));
+                 json_excerpt(meta));
     for (const auto& [key, value] : meta.items()) {
         CPFILL_CHECK(value.is_string(), "{}: __metadata__[\"{}\"]: expected a string, found {}",
-                     source, key, describe(value));
+                     source, key, json_excerpt(value));
         if (metadata) (*metadata)[key] = value.get<std::string>();
     }
 }
@@ -170,7 +161,7 @@ std::map<std::string, TensorInfo> parse_safetensors_header(
         CPFILL_FAIL("{}: header is not valid JSON: {}", source, e.what());
     }
     CPFILL_CHECK(header.is_object(), "{}: header: expected a JSON object, found {}", source,
-                 describe(header));
+                 json_excerpt(header));
     CPFILL_CHECK(duplicate.empty(), "{}: header: key '{}' appears more than once", source,
                  duplicate);
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_excerpt.h"
 #include "io/tokenizer_data.h"
 
 namespace cpfill::tokenizer {
@@ -14,11 +15,7 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string show(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
-}
+std::string show(const json& v) { return json_excerpt(v, 80); }
 
 // Typed access to the fields of one JSON object, at `path` inside the file `source`.
 class Obj {

@@ -215,6 +215,13 @@ TEST(SafetensorsHeader, NotAnObject) {
     expect_header_error("[1, 2]", 0, {"expected a JSON object"});
 }
 
+// Found by the fuzzer in CI: the excerpt of a long string header was cut inside a two-byte UTF-8
+// character, and escaping it threw nlohmann's type_error instead of a cpfill::Error.
+TEST(SafetensorsHeader, LongStringCutInsideACharacter) {
+    const std::string header = "\"" + std::string(63, 'x') + "\xc3\xa9tail\"";
+    expect_header_error(header, 0, {"expected a JSON object", std::string(63, 'x') + "..."});
+}
+
 TEST(SafetensorsHeader, MissingFields) {
     expect_header_error(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", 4, {"'a'", "\"dtype\""});
     expect_header_error(R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", 4, {"'a'", "\"shape\""});
