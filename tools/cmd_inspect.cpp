@@ -16,10 +16,6 @@ std::string gib(double bytes) {
     return fmt::format("{:.3f} GiB", bytes / (1ull << 30));
 }
 
-bool is_expert(const WeightSpec& spec) {
-    return spec.expert >= 0 || spec.name.find(".shared_experts.") != std::string::npos;
-}
-
 int inspect(const std::string& dir, int cp) {
     Checkpoint ck(dir);
     ck.validate();
@@ -44,7 +40,7 @@ int inspect(const std::string& dir, int cp) {
         e.second += static_cast<double>(w.bytes);
         stored += static_cast<double>(w.bytes);
         fp32 += 4.0 * static_cast<double>(shape_numel(spec.shape));
-        if (is_expert(spec)) {
+        if (is_expert_weight(spec)) {
             expert_stored += static_cast<double>(w.bytes);
             expert_fp32 += 4.0 * static_cast<double>(shape_numel(spec.shape));
         }

@@ -139,4 +139,8 @@ const WeightSpec& WeightSpecTable::at(const std::string& canonical) const {
     return *s;
 }
 
+bool is_expert_weight(const WeightSpec& spec) {
+    return spec.expert >= 0 || spec.name.find(".shared_experts.") != std::string::npos;
+}
+
 }  // namespace cpfill

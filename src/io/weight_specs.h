@@ -33,6 +33,9 @@ struct WeightSpec {
     int expert = -1;  // routed expert index, -1 otherwise
 };
 
+// A routed or shared expert's w1 / w2 / w3: the weights that CP ranks slice instead of replicate.
+bool is_expert_weight(const WeightSpec& spec);
+
 // Every weight in a fixed order: embed, then per layer (hc, norms, attention, compressor, indexer,
 // gate, shared expert, routed experts), then norm, head, hc_head.
 std::vector<WeightSpec> weight_specs(const ModelConfig& cfg);

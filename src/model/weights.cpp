@@ -12,9 +12,11 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/host_memory.h"
 #include "core/parallel.h"
 #include "io/checkpoint.h"
 #include "io/progress.h"
+#include "io/weight_specs.h"
 
 namespace cpfill {
 
@@ -364,7 +366,50 @@ void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelW
     }
 }
 
+double gb(size_t bytes) { return static_cast<double>(bytes) * 1e-9; }
+
+// Refuses a load that would not fit into host memory, with the numbers and what to change.
+void check_host_memory(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks,
+                       const LoadOptions& opt) {
+    std::optional<HostMemory> have;
+    if (opt.host_memory)
+        have = HostMemory{*opt.host_memory, "LoadOptions::host_memory"};
+    else
+        have = host_memory_available();
+    if (!have) return;
+    const size_t need = rank_weights_host_bytes(cfg, cp_size, ranks);
+    if (need <= have->available) return;
+    const size_t dense = rank_weights_host_bytes(cfg, cp_size, {});
+    CPFILL_FAIL(
+        "out of host memory: the fp32 weights of {} rank(s) of --cp {} need {:.2f} GB ({:.2f} GB "
+        "dense tensors, held once, and {:.2f} GB of expert slices) but {:.2f} GB are available "
+        "({}); weights are held in fp32 on the host (the CUDA backend uploads them from there), so "
+        "this model needs a machine with more memory{}",
+        ranks.size(), cp_size, gb(need), gb(dense), gb(need - dense), gb(have->available),
+        have->source,
+        ranks.size() > 1 ? "; under mpirun each process holds only its own rank's experts" : "");
+}
+
 }  // namespace
+
+size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks) {
+    size_t dense = 0, expert = 0;  // expert: bytes of all experts at full width
+    for (const WeightSpec& spec : weight_specs(cfg)) {
+        const size_t numel = static_cast<size_t>(shape_numel(spec.shape));
+        if (is_expert_weight(spec))
+            expert += numel * 4;
+        else
+            dense += numel * (spec.cls == WeightClass::I64 ? 8 : 4);
+    }
+    // Rank r holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C) of every expert; each expert tensor
+    // is moe_dim × d_model, so its slice is exactly width_r / moe_dim of it.
+    size_t sliced = 0;
+    for (int r : ranks) {
+        const int64_t width = cfg.moe_dim * (r + 1) / cp_size - cfg.moe_dim * r / cp_size;
+        sliced += expert / static_cast<size_t>(cfg.moe_dim) * static_cast<size_t>(width);
+    }
+    return dense + sliced;
+}
 
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
                                             const LoadOptions& opt, LoadStats* stats,
@@ -376,6 +421,12 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
                  cfg.moe_dim, cp_size, cfg.moe_dim);
     CPFILL_CHECK(opt.threads >= 0, "load threads {}: expected >= 0 (0: all hardware threads)",
                  opt.threads);
+    std::vector<int> which = only_ranks;
+    if (which.empty())
+        for (int r = 0; r < cp_size; ++r) which.push_back(r);
+    for (int r : which)
+        CPFILL_CHECK(r >= 0 && r < cp_size, "load: rank {} outside a CP group of {}", r, cp_size);
+    check_host_memory(cfg, cp_size, which, opt);
     LoadPlan plan(ck);
     ModelWeights dense;
     dense.cfg = cfg;
@@ -387,11 +438,6 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     dense.hc_head_fn = plan.whole("hc_head_fn");
     dense.hc_head_base = plan.whole("hc_head_base");
     dense.hc_head_scale = plan.whole("hc_head_scale");
-    std::vector<int> which = only_ranks;
-    if (which.empty())
-        for (int r = 0; r < cp_size; ++r) which.push_back(r);
-    for (int r : which)
-        CPFILL_CHECK(r >= 0 && r < cp_size, "load: rank {} outside a CP group of {}", r, cp_size);
     std::vector<ModelWeights> ranks(which.size(), dense);  // dense tensors shared, not copied
     for (size_t k = 0; k < which.size(); ++k) ranks[k].slice = {which[k], cp_size};
     for (int i = 0; i < cfg.n_layers; ++i) plan_experts(plan, cfg, i, ranks);

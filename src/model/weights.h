@@ -4,6 +4,7 @@
 // load_rank_weights reads all ranks' views at once, in parallel (docs/loading.md).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -78,9 +79,19 @@ struct ModelWeights {
 ModelWeights load_weights(const Checkpoint& ckpt, ExpertSlice slice = {});
 
 struct LoadOptions {
-    int threads = 1;        // reader threads (0: all hardware threads)
-    bool progress = false;  // a progress line on stderr (drawn only on a terminal, after 1 s)
+    LoadOptions(int threads_ = 1, bool progress_ = false,
+                std::optional<size_t> host_memory_ = std::nullopt)
+        : threads(threads_), progress(progress_), host_memory(host_memory_) {}
+    int threads;    // reader threads (0: all hardware threads)
+    bool progress;  // a progress line on stderr (drawn only on a terminal, after 1 s)
+    // Host bytes the load may take; nullopt: what host_memory_available() reports (no check
+    // where it reports nothing).
+    std::optional<size_t> host_memory;
 };
+
+// Host bytes that load_rank_weights allocates for ranks `ranks` of a CP group of `cp_size`: every
+// dense tensor once (fp32, tid2eid as int64), and each listed rank's slice of every expert.
+size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks);
 
 struct LoadStats {
     size_t stored_bytes = 0;  // bytes of the stored tensors read (weights and block scales)
@@ -93,7 +104,8 @@ struct LoadStats {
 // {r, cp_size} of every routed and shared expert read directly (only the blocks it needs, never
 // the full expert). Bit-identical to slice_experts(load_weights(ck), {r, cp_size}). With
 // only_ranks (non-empty) only those ranks' expert slices are read and returned, in that order (a
-// process under mpirun needs its own rank only).
+// process under mpirun needs its own rank only). Refused before anything is allocated or read when
+// rank_weights_host_bytes exceeds the host memory available (LoadOptions::host_memory).
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
                                             const LoadOptions& opt, LoadStats* stats = nullptr,
                                             const std::vector<int>& only_ranks = {});

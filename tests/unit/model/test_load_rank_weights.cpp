@@ -4,6 +4,7 @@
 // {1, 2, 3}; plus a tiny variant whose expert width (300) makes the slices cut through fp8 tiles,
 // fp4 scale blocks and packed bytes. Dense tensors are shared by the ranks, not copied.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -219,6 +220,49 @@ TEST(LoadRankWeightsErrors, MoreRanksThanExpertUnits) {
         },
         {"moe_intermediate_size 128", "129 ranks"});
     test::expect_error([&] { load_rank_weights(*s.ck, 0, {1, false}); }, {"0 ranks"});
+}
+
+// The count the memory check uses is exactly what a load allocates: the planned fp32 bytes plus
+// the int64 tid2eid tables, for every rank and for a subset (slices of unequal width: 300 / 3 ranks
+// is even, 300 / 7 is not).
+TEST(LoadRankWeights, HostBytesAreWhatTheLoadAllocates) {
+    const Stored& s = stored({"fp8", "fp4", "upstream", 300});
+    const ModelConfig& cfg = s.ck->config();
+    for (const auto& [cp, only] : std::vector<std::pair<int, std::vector<int>>>{
+             {1, {}}, {3, {}}, {3, {2, 0}}, {7, {6}}, {7, {}}}) {
+        SCOPED_TRACE(fmt::format("cp {} ranks {}", cp, fmt::join(only, ",")));
+        LoadStats stats;
+        const std::vector<ModelWeights> got =
+            load_rank_weights(*s.ck, cp, {2, false}, &stats, only);
+        size_t i64 = 0;
+        for (const LayerWeights& L : got[0].layers)
+            if (L.moe.tid2eid.defined()) i64 += L.moe.tid2eid.nbytes();
+        EXPECT_GT(i64, 0u);
+        std::vector<int> ranks = only;
+        if (ranks.empty())
+            for (int r = 0; r < cp; ++r) ranks.push_back(r);
+        EXPECT_EQ(rank_weights_host_bytes(cfg, cp, ranks), stats.f32_bytes + i64);
+    }
+}
+
+TEST(LoadRankWeightsErrors, NotEnoughHostMemoryIsRefusedBeforeLoading) {
+    const Stored& s = stored({"f32", "same", "hf", 0});
+    const ModelConfig& cfg = s.ck->config();
+    const size_t need = rank_weights_host_bytes(cfg, 2, {0, 1});
+    LoadOptions opt{1, false, need - 1};
+    LoadStats stats;
+    test::expect_error(
+        [&] { load_rank_weights(*s.ck, 2, opt, &stats); },
+        {"out of host memory", "2 rank(s) of --cp 2", fmt::format("need {:.2f} GB", need * 1e-9),
+         fmt::format("{:.2f} GB are available", (need - 1) * 1e-9), "more memory"});
+    EXPECT_EQ(stats.stored_bytes, 0u);  // nothing was read
+    // One rank of the two (as under mpirun) needs less: the dense tensors and half the experts.
+    opt.host_memory = rank_weights_host_bytes(cfg, 2, {1});
+    EXPECT_LT(*opt.host_memory, need);
+    EXPECT_EQ(load_rank_weights(*s.ck, 2, opt, nullptr, {1}).size(), 1u);
+    opt.host_memory = *opt.host_memory - 1;
+    test::expect_error([&] { load_rank_weights(*s.ck, 2, opt, nullptr, {0}); },
+                       {"out of host memory", "1 rank(s) of --cp 2"});
 }
 
 TEST(LoadRankWeightsErrors, MissingExpertTensorIsNamed) {

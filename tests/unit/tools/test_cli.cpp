@@ -2,6 +2,7 @@
 // command line, and every kind of bad input ends in exactly one "error:" line naming the culprit
 // and a non-zero exit code, never a crash.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -227,6 +228,18 @@ TEST(Cli, ConfigMissingAndInconsistentFields) {
 TEST(Cli, TokenIdOutOfRange) {
     expect_clean_error(run_cli("run --model " + kFixture + " --input-ids 1,2,256"),
                        {"256", "vocab_size 256"});
+}
+
+// A model whose fp32 weights do not fit into the host memory left is refused before loading, with
+// the bytes needed and available; the same run fits when the memory does.
+TEST(Cli, NotEnoughHostMemory) {
+    ASSERT_EQ(::setenv("CPFILL_HOST_MEMORY", "64K", 1), 0);  // inherited by the child process
+    const auto refused = run_cli("run --model " + kFixture + " --input-ids 1,2,3 --cp 2");
+    ASSERT_EQ(::unsetenv("CPFILL_HOST_MEMORY"), 0);
+    expect_clean_error(refused, {"out of host memory", "2 rank(s) of --cp 2",
+                                 "0.00 GB are available", "CPFILL_HOST_MEMORY", "more memory"});
+    const auto ok = run_cli("run --model " + kFixture + " --input-ids 1,2,3 --cp 2");
+    EXPECT_EQ(ok.code, 0) << ok.out;
 }
 
 TEST(Cli, EmptyPrompt) {
