@@ -216,9 +216,10 @@ class LoadPlan {
     }
 
     // Runs every task on `threads` threads, the disk reading ahead of them; returns the stored
-    // bytes read.
-    size_t run(int threads, bool progress) {
-        Progress bar("loading", stored_bytes_, progress);
+    // bytes read. Progress goes to `shared_bar` when given, else to a line of its own.
+    size_t run(int threads, bool progress, Progress* shared_bar) {
+        Progress own("loading", shared_bar ? 0 : stored_bytes_, progress && !shared_bar);
+        Progress& bar = shared_bar ? *shared_bar : own;
         end_bytes_.resize(tasks_.size());
         for (size_t i = 0, sum = 0; i < tasks_.size(); ++i)
             end_bytes_[i] = sum += tasks_[i].stored_bytes;
@@ -377,24 +378,36 @@ void check_host_memory(const ModelConfig& cfg, int cp_size, const std::vector<in
     else
         have = host_memory_available();
     if (!have) return;
-    const size_t need = rank_weights_host_bytes(cfg, cp_size, ranks);
+    const size_t need = rank_weights_host_bytes(cfg, cp_size, ranks, opt.part);
     if (need <= have->available) return;
-    const size_t dense = rank_weights_host_bytes(cfg, cp_size, {});
+    const size_t dense = rank_weights_host_bytes(cfg, cp_size, {}, opt.part);
+    const LoadPart& p = opt.part;
+    const bool all_layers = p.layer_begin <= 0 && (p.layer_end < 0 || p.layer_end >= cfg.n_layers);
+    const int last = p.layer_end < 0 ? cfg.n_layers - 1 : std::min(p.layer_end, cfg.n_layers) - 1;
+    std::string what;  // the part, when it is not the whole model
+    if (last < p.layer_begin)
+        what = " (the top-level tensors)";
+    else if (!p.top || !all_layers)
+        what = fmt::format(" (layer{} {}{}{})", last > p.layer_begin ? "s" : "", p.layer_begin,
+                           last > p.layer_begin ? fmt::format(" to {}", last) : "",
+                           p.top ? " and the top-level tensors" : "");
     CPFILL_FAIL(
-        "out of host memory: the fp32 weights of {} rank(s) of --cp {} need {:.2f} GB ({:.2f} GB "
+        "out of host memory: the fp32 weights{} of {} rank(s) of --cp {} need {:.2f} GB ({:.2f} GB "
         "dense tensors, held once, and {:.2f} GB of expert slices) but {:.2f} GB are available "
         "({}); weights are held in fp32 on the host (the CUDA backend uploads them from there), so "
         "this model needs a machine with more memory{}",
-        ranks.size(), cp_size, gb(need), gb(dense), gb(need - dense), gb(have->available),
+        what, ranks.size(), cp_size, gb(need), gb(dense), gb(need - dense), gb(have->available),
         have->source,
         ranks.size() > 1 ? "; under mpirun each process holds only its own rank's experts" : "");
 }
 
 }  // namespace
 
-size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks) {
+size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks,
+                               const LoadPart& part) {
     size_t dense = 0, expert = 0;  // expert: bytes of all experts at full width
     for (const WeightSpec& spec : weight_specs(cfg)) {
+        if (spec.layer < 0 ? !part.top : !part.has_layer(spec.layer)) continue;
         const size_t numel = static_cast<size_t>(shape_numel(spec.shape));
         if (is_expert_weight(spec))
             expert += numel * 4;
@@ -409,6 +422,18 @@ size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::v
         sliced += expert / static_cast<size_t>(cfg.moe_dim) * static_cast<size_t>(width);
     }
     return dense + sliced;
+}
+
+size_t rank_weights_stored_bytes(const Checkpoint& ck, int cp_size, const std::vector<int>& ranks) {
+    const ModelConfig& cfg = ck.config();
+    int64_t units = 0;  // expert hidden units the ranks hold
+    for (int r : ranks) units += cfg.moe_dim * (r + 1) / cp_size - cfg.moe_dim * r / cp_size;
+    double total = 0;
+    for (const WeightSpec& spec : ck.specs().all()) {
+        const double bytes = static_cast<double>(ck.stored(spec.name).bytes);
+        total += is_expert_weight(spec) ? bytes * double(units) / double(cfg.moe_dim) : bytes;
+    }
+    return static_cast<size_t>(total);
 }
 
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
@@ -427,23 +452,28 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     for (int r : which)
         CPFILL_CHECK(r >= 0 && r < cp_size, "load: rank {} outside a CP group of {}", r, cp_size);
     check_host_memory(cfg, cp_size, which, opt);
+    const LoadPart& part = opt.part;
     LoadPlan plan(ck);
     ModelWeights dense;
     dense.cfg = cfg;
-    dense.embed = plan.whole("embed.weight");
     dense.layers.resize(cfg.n_layers);
-    for (int i = 0; i < cfg.n_layers; ++i) plan_dense_layer(plan, cfg, i, dense.layers[i]);
-    dense.norm = plan.whole("norm.weight");
-    dense.head = plan.whole("head.weight");
-    dense.hc_head_fn = plan.whole("hc_head_fn");
-    dense.hc_head_base = plan.whole("hc_head_base");
-    dense.hc_head_scale = plan.whole("hc_head_scale");
+    if (part.top) {
+        dense.embed = plan.whole("embed.weight");
+        dense.norm = plan.whole("norm.weight");
+        dense.head = plan.whole("head.weight");
+        dense.hc_head_fn = plan.whole("hc_head_fn");
+        dense.hc_head_base = plan.whole("hc_head_base");
+        dense.hc_head_scale = plan.whole("hc_head_scale");
+    }
+    for (int i = 0; i < cfg.n_layers; ++i)
+        if (part.has_layer(i)) plan_dense_layer(plan, cfg, i, dense.layers[i]);
     std::vector<ModelWeights> ranks(which.size(), dense);  // dense tensors shared, not copied
     for (size_t k = 0; k < which.size(); ++k) ranks[k].slice = {which[k], cp_size};
-    for (int i = 0; i < cfg.n_layers; ++i) plan_experts(plan, cfg, i, ranks);
+    for (int i = 0; i < cfg.n_layers; ++i)
+        if (part.has_layer(i)) plan_experts(plan, cfg, i, ranks);
 
     const size_t stored =
-        plan.run(opt.threads > 0 ? opt.threads : default_thread_count(), opt.progress);
+        plan.run(opt.threads > 0 ? opt.threads : default_thread_count(), opt.progress, opt.bar);
     // tid2eid was written into `dense`'s layers: hand it to the ranks.
     for (int i = 0; i < cfg.n_layers; ++i)
         for (ModelWeights& w : ranks) w.layers[i].moe.tid2eid = dense.layers[i].moe.tid2eid;
@@ -457,14 +487,16 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
 }
 
 size_t ModelWeights::bytes() const {
-    size_t n = embed.nbytes() + head.nbytes() + norm.nbytes() + hc_head_fn.nbytes();
+    size_t n = 0;
+    for (const Tensor* t : {&embed, &head, &norm, &hc_head_fn})
+        if (t->defined()) n += t->nbytes();
     for (const auto& L : layers) {
         for (const Tensor* t :
              {&L.hc_attn.fn, &L.hc_ffn.fn, &L.attn.wq_a, &L.attn.wq_b, &L.attn.wkv, &L.attn.wo_a,
               &L.attn.wo_b, &L.attn.compressor.wkv, &L.attn.compressor.wgate, &L.attn.idx_wq_b,
               &L.attn.idx_weights_proj, &L.attn.idx_compressor.wkv, &L.attn.idx_compressor.wgate,
               &L.moe.gate, &L.moe.shared_w13, &L.moe.shared_w2})
-            n += t->nbytes();
+            if (t->defined()) n += t->nbytes();
         for (const auto& t : L.moe.w13) n += t.nbytes();
         for (const auto& t : L.moe.w2) n += t.nbytes();
     }

@@ -78,6 +78,18 @@ struct ModelWeights {
 // Single-threaded: every tensor read whole, experts sliced after reading (the simple reference).
 ModelWeights load_weights(const Checkpoint& ckpt, ExpertSlice slice = {});
 
+// Which part of the model a load reads: the top-level tensors (embed, head, norm, hc_head) and
+// decoder layers [layer_begin, layer_end) (layer_end < 0: to the last). The CUDA backend loads and
+// uploads one part at a time, so that host memory holds one layer, not the model.
+struct LoadPart {
+    bool top = true;
+    int layer_begin = 0;
+    int layer_end = -1;
+    bool has_layer(int i) const { return i >= layer_begin && (layer_end < 0 || i < layer_end); }
+};
+
+class Progress;
+
 struct LoadOptions {
     LoadOptions(int threads_ = 1, bool progress_ = false,
                 std::optional<size_t> host_memory_ = std::nullopt)
@@ -87,11 +99,18 @@ struct LoadOptions {
     // Host bytes the load may take; nullopt: what host_memory_available() reports (no check
     // where it reports nothing).
     std::optional<size_t> host_memory;
+    LoadPart part;            // what to read (default: everything)
+    Progress* bar = nullptr;  // when set, the load adds its stored bytes to this line instead
+                              // of drawing its own (one line across the parts of a load)
 };
 
 // Host bytes that load_rank_weights allocates for ranks `ranks` of a CP group of `cp_size`: every
-// dense tensor once (fp32, tid2eid as int64), and each listed rank's slice of every expert.
-size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks);
+// dense tensor of `part` once (fp32, tid2eid as int64), and each listed rank's slice of every
+// expert in `part`.
+size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks,
+                               const LoadPart& part = {});
+// Stored (checkpoint) bytes that loading `ranks` reads, for a progress line's total.
+size_t rank_weights_stored_bytes(const Checkpoint& ck, int cp_size, const std::vector<int>& ranks);
 
 struct LoadStats {
     size_t stored_bytes = 0;  // bytes of the stored tensors read (weights and block scales)
@@ -105,7 +124,8 @@ struct LoadStats {
 // the full expert). Bit-identical to slice_experts(load_weights(ck), {r, cp_size}). With
 // only_ranks (non-empty) only those ranks' expert slices are read and returned, in that order (a
 // process under mpirun needs its own rank only). Refused before anything is allocated or read when
-// rank_weights_host_bytes exceeds the host memory available (LoadOptions::host_memory).
+// rank_weights_host_bytes exceeds the host memory available (LoadOptions::host_memory). With
+// LoadOptions::part only that part is read; the other layers (and top-level tensors) stay empty.
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
                                             const LoadOptions& opt, LoadStats* stats = nullptr,
                                             const std::vector<int>& only_ranks = {});

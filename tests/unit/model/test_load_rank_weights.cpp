@@ -245,6 +245,59 @@ TEST(LoadRankWeights, HostBytesAreWhatTheLoadAllocates) {
     }
 }
 
+// The CUDA backend loads the top-level tensors, then one layer at a time: put together, the parts
+// are the whole load bit for bit, each part holds nothing else, and the parts' byte counts add up
+// to the whole's.
+TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
+    const Stored& s = stored({"fp8", "fp4", "upstream", 300});
+    const ModelConfig& cfg = s.ck->config();
+    const std::vector<int> only = {2, 0};
+    LoadStats whole_stats;
+    const std::vector<ModelWeights> whole =
+        load_rank_weights(*s.ck, 3, {2, false}, &whole_stats, only);
+
+    LoadOptions opt(2, false);
+    opt.part = {true, 0, 0};
+    LoadStats stats;
+    std::vector<ModelWeights> assembled = load_rank_weights(*s.ck, 3, opt, &stats, only);
+    size_t stored_sum = stats.stored_bytes,
+           host_sum = rank_weights_host_bytes(cfg, 3, only, opt.part);
+    for (const LayerWeights& L : assembled[0].layers) {
+        EXPECT_FALSE(L.attn.wq_a.defined());
+        EXPECT_TRUE(L.moe.w13.empty());
+    }
+    for (int li = 0; li < cfg.n_layers; ++li) {
+        SCOPED_TRACE(fmt::format("layer {}", li));
+        opt.part = {false, li, li + 1};
+        const std::vector<ModelWeights> part = load_rank_weights(*s.ck, 3, opt, &stats, only);
+        stored_sum += stats.stored_bytes;
+        host_sum += rank_weights_host_bytes(cfg, 3, only, opt.part);
+        ASSERT_EQ(part.size(), only.size());
+        EXPECT_FALSE(part[0].embed.defined());
+        for (int other = 0; other < cfg.n_layers; ++other)
+            if (other != li) {
+                EXPECT_FALSE(part[1].layers[other].attn.wq_a.defined());
+            }
+        for (size_t k = 0; k < part.size(); ++k) assembled[k].layers[li] = part[k].layers[li];
+    }
+    for (size_t k = 0; k < only.size(); ++k) {
+        const auto got = tensors(assembled[k]), want = tensors(whole[k]);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i)
+            expect_identical(*got[i].second, *want[i].second, got[i].first);
+    }
+    EXPECT_EQ(stored_sum, whole_stats.stored_bytes);
+    EXPECT_EQ(host_sum, rank_weights_host_bytes(cfg, 3, only));
+    // The progress total estimate is the stored bytes read, up to the rounding of fp8 tile shares.
+    const double est = static_cast<double>(rank_weights_stored_bytes(*s.ck, 3, only));
+    EXPECT_NEAR(est, static_cast<double>(whole_stats.stored_bytes), 0.01 * est);
+    // A part that does not fit is named in the refusal.
+    opt.part = {false, 2, 3};
+    opt.host_memory = rank_weights_host_bytes(cfg, 3, only, opt.part) - 1;
+    test::expect_error([&] { load_rank_weights(*s.ck, 3, opt, nullptr, only); },
+                       {"out of host memory", "(layer 2)", "2 rank(s) of --cp 3"});
+}
+
 TEST(LoadRankWeightsErrors, NotEnoughHostMemoryIsRefusedBeforeLoading) {
     const Stored& s = stored({"f32", "same", "hf", 0});
     const ModelConfig& cfg = s.ck->config();
