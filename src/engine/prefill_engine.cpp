@@ -5,6 +5,7 @@
 
 #include "core/parallel.h"
 #include "io/checkpoint.h"
+#include "io/progress.h"
 #include "model/batch.h"
 
 namespace cpfill {
@@ -39,23 +40,45 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
     load.progress = true;  // drawn only when stderr is a terminal and the load takes over 1 s
     LoadStats stats;
-    // Under mpirun (cuda with local ranks) only this process's ranks; otherwise all of them.
-    ranks_ = load_rank_weights(ckpt, options.cp, load, &stats,
-                               options.cuda ? options.gpu.local_ranks : std::vector<int>{});
-    load_bytes_ = stats.stored_bytes;
-    rank_bytes_ = ranks_.back().bytes();
     if (options.cuda) {
-        GpuGroupOptions go = options.gpu;
-        go.cp = options.cp;
-        gpu_ = std::make_unique<GpuGroup>(go);
-        // Each local rank uploads its own view (ranks_ holds exactly the local ranks, in order);
-        // the host copies are dropped afterwards.
-        std::vector<const ModelWeights*> views;
-        for (const ModelWeights& w : ranks_) views.push_back(&w);
-        gpu_->load(views);
-        ranks_.clear();
+        load_gpu(ckpt, load);
+    } else {
+        ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
+        load_bytes_ = stats.stored_bytes;
+        rank_bytes_ = ranks_.back().bytes();
     }
     load_seconds_ = seconds_since(t0);
+}
+
+void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
+    const ModelConfig& cfg = ckpt.config();
+    GpuGroupOptions go = options_.gpu;
+    go.cp = options_.cp;
+    gpu_ = std::make_unique<GpuGroup>(go);
+    // Under mpirun (local ranks given) only this process's ranks; otherwise all of them. The
+    // top-level tensors first, then one layer at a time: read into host fp32, uploaded, dropped,
+    // so that host memory holds one layer of the local ranks, not the model (docs/loading.md).
+    std::vector<int> which = options_.gpu.local_ranks;
+    if (which.empty())
+        for (int r = 0; r < options_.cp; ++r) which.push_back(r);
+    Progress bar("loading", rank_weights_stored_bytes(ckpt, options_.cp, which), load.progress);
+    load.bar = &bar;
+    LoadStats stats;
+    load_bytes_ = 0;
+    for (int part = -1; part < cfg.n_layers; ++part) {  // -1: the top-level tensors
+        load.part = part < 0 ? LoadPart{true, 0, 0} : LoadPart{false, part, part + 1};
+        const std::vector<ModelWeights> host =
+            load_rank_weights(ckpt, options_.cp, load, &stats, options_.gpu.local_ranks);
+        load_bytes_ += stats.stored_bytes;
+        std::vector<const ModelWeights*> views;
+        for (const ModelWeights& w : host) views.push_back(&w);
+        if (part < 0)
+            gpu_->load_top(views);
+        else
+            gpu_->load_layer(part, views);
+    }
+    bar.finish();
+    rank_bytes_ = rank_weights_host_bytes(cfg, options_.cp, {which.back()});
 }
 
 RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,

@@ -57,6 +57,8 @@ class PrefillEngine {
     RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
 
   private:
+    // cuda: creates the GPU group and loads it part by part (LoadOptions::part).
+    void load_gpu(const Checkpoint& ckpt, LoadOptions load);
     RunResult run_gpu(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
     EngineOptions options_;
     ModelConfig cfg_;

@@ -111,7 +111,14 @@ class GpuGroup {
     const std::vector<int>& local_ranks() const;
 
     // Uploads weights: rank_weights[i] is local rank i's host view (expert slice {rank, C}).
+    // load_top, then load_layer for every layer.
     void load(const std::vector<const ModelWeights*>& rank_weights);
+    // The same in parts, so that the host holds one layer at a time (load_rank_weights with
+    // LoadOptions::part): load_top drops the weights held, checks that the whole model's bf16
+    // weights fit into each GPU (else an error with the bytes and a --cp that fits) and uploads
+    // the top-level tensors; load_layer uploads layer `layer` of each rank's view.
+    void load_top(const std::vector<const ModelWeights*>& rank_weights);
+    void load_layer(int layer, const std::vector<const ModelWeights*>& rank_weights);
     // Random bf16 weights generated on each GPU (benchmarks: nothing to read or upload): scaled
     // like random_checkpoint (io/random_checkpoint.h), expert slices of the rank's part.
     void randomize(const ModelConfig& cfg, uint64_t seed);

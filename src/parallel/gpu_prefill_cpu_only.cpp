@@ -19,6 +19,8 @@ NcclId GpuGroup::new_nccl_id() { no_cuda(); }
 int GpuGroup::cp() const { no_cuda(); }
 const std::vector<int>& GpuGroup::local_ranks() const { no_cuda(); }
 void GpuGroup::load(const std::vector<const ModelWeights*>&) { no_cuda(); }
+void GpuGroup::load_top(const std::vector<const ModelWeights*>&) { no_cuda(); }
+void GpuGroup::load_layer(int, const std::vector<const ModelWeights*>&) { no_cuda(); }
 void GpuGroup::randomize(const ModelConfig&, uint64_t) { no_cuda(); }
 PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>&, const GpuRunOptions&,
                             GpuStats*) {

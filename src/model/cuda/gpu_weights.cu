@@ -185,8 +185,9 @@ void build_layer(Builder& b, GpuLayer& g, const ModelConfig& cfg, int li, int64_
       1.0f / std::sqrt(float(cfg.moe_dim)));
 }
 
-GpuWeights build(const ModelConfig& cfg, ExpertSlice slice, const ModelWeights* host,
-                 uint64_t seed) {
+// The checks, the top-level tensors and the RoPE tables; `layers` sized but empty.
+GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice,
+                     const ModelWeights* host) {
     CPFILL_CHECK(cfg.rope_main.attention_factor == 1.0 && cfg.rope_compress.attention_factor == 1.0,
                  "the CUDA backend needs RoPE attention_factor 1.0 (DeepSeek-V4 forces it); found "
                  "{} / {}",
@@ -197,7 +198,6 @@ GpuWeights build(const ModelConfig& cfg, ExpertSlice slice, const ModelWeights* 
     g.cfg = cfg;
     g.slice = slice;
     g.width = slice_width(cfg.moe_dim, slice);
-    Builder b(seed, &g.bytes);
     const int64_t D = cfg.d_model, V = cfg.vocab_size;
     b(g.embed, Kind::Bf16, {V, D}, host ? &host->embed : nullptr, 0.0f, 1.0f);
     b.linear(g.head, V, D, host ? &host->head : nullptr);
@@ -210,21 +210,47 @@ GpuWeights build(const ModelConfig& cfg, ExpertSlice slice, const ModelWeights* 
     g.inv_freq_main = upload_f32(main.inv_freq().data(), main.inv_freq().size());
     g.inv_freq_compress = upload_f32(comp.inv_freq().data(), comp.inv_freq().size());
     g.layers.resize(cfg.n_layers);
-    for (int li = 0; li < cfg.n_layers; ++li)
-        build_layer(b, g.layers[li], cfg, li, g.width, host ? &host->layers[li] : nullptr, &g.bytes,
-                    seed);
-    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
 }
 
 }  // namespace
 
+GpuWeights upload_top(const ModelWeights& host) {
+    size_t bytes = 0;
+    Builder b(0, &bytes);
+    GpuWeights g = build_top(b, host.cfg, host.slice, &host);
+    g.bytes = bytes;
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    return g;
+}
+
+void upload_layer(GpuWeights& g, int li, const LayerWeights& host) {
+    CPFILL_CHECK(li >= 0 && li < static_cast<int>(g.layers.size()),
+                 "upload_layer: layer {} of a model with {} layers", li, g.layers.size());
+    CPFILL_CHECK(host.type == g.cfg.layer_types[li] && host.mlp == g.cfg.mlp_types[li],
+                 "upload_layer: the host weights given for layer {} are not that layer's (empty, "
+                 "or another layer's)",
+                 li);
+    Builder b(0, &g.bytes);
+    build_layer(b, g.layers[li], g.cfg, li, g.width, &host, &g.bytes, 0);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 GpuWeights upload_weights(const ModelWeights& host) {
-    return build(host.cfg, host.slice, &host, 0);
+    GpuWeights g = upload_top(host);
+    for (int li = 0; li < host.cfg.n_layers; ++li) upload_layer(g, li, host.layers[li]);
+    return g;
 }
 
 GpuWeights random_weights(const ModelConfig& cfg, ExpertSlice slice, uint64_t seed) {
-    return build(cfg, slice, nullptr, seed);
+    size_t bytes = 0;
+    Builder b(seed, &bytes);
+    GpuWeights g = build_top(b, cfg, slice, nullptr);
+    for (int li = 0; li < cfg.n_layers; ++li)
+        build_layer(b, g.layers[li], cfg, li, g.width, nullptr, &bytes, seed);
+    g.bytes = bytes;
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    return g;
 }
 
 }  // namespace cpfill::cuda

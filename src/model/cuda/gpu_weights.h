@@ -54,8 +54,13 @@ struct GpuWeights {
 };
 
 // Uploads a rank's host weights (as load_rank_weights / slice_experts make them) to the current
-// device. Checks tid2eid values against n_experts.
+// device: upload_top, then upload_layer for every layer. Checks tid2eid values against n_experts.
 GpuWeights upload_weights(const ModelWeights& host);
+// The same in parts, so that the host needs to hold one layer at a time: the top-level tensors
+// (embed, head, norm, hc_head; `host.layers` may be empty) with `layers` sized but empty, then
+// layer `li` from its host weights. `bytes` counts what has been uploaded so far.
+GpuWeights upload_top(const ModelWeights& host);
+void upload_layer(GpuWeights& g, int li, const LayerWeights& host);
 
 // Random weights of the shapes of `slice` of `cfg`, generated on the current device: normal-like
 // (uniform with the same mean and deviation) per tensor family as io/random_checkpoint.h scales

@@ -196,7 +196,21 @@ int GpuGroup::cp() const { return impl_->opt.cp; }
 
 const std::vector<int>& GpuGroup::local_ranks() const { return impl_->local; }
 
-void GpuGroup::load(const std::vector<const ModelWeights*>& rank_weights) {
+namespace {
+
+// The smallest CP size whose expert slice lets a rank's weights (+ `reserve`) fit into `capacity`
+// bytes, or 0 when none up to 64 does.
+int weights_fitting_cp(const ModelConfig& cfg, size_t capacity, size_t reserve) {
+    for (int c = 1; c <= std::min(64, cfg.moe_dim); ++c)
+        if (cuda::weight_bytes(cfg, cuda::slice_width(cfg.moe_dim, ExpertSlice{0, c})) + reserve <=
+            capacity)
+            return c;
+    return 0;
+}
+
+}  // namespace
+
+void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
     Impl& g = *impl_;
     CPFILL_CHECK(rank_weights.size() == g.ranks.size(), "weights for {} ranks, {} local ranks",
                  rank_weights.size(), g.ranks.size());
@@ -208,9 +222,46 @@ void GpuGroup::load(const std::vector<const ModelWeights*>& rank_weights) {
                      w.slice.parts);
         r.weights.reset();
         r.arena.reset();
-        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_weights(w));
+        // All of the model's weights must fit, checked before the first layer is read (with the
+        // 512 MiB that run() keeps for cuBLAS, NCCL and CUB).
+        const size_t reserve = size_t{512} << 20;
+        const size_t need = cuda::weight_bytes(w.cfg, cuda::slice_width(w.cfg.moe_dim, w.slice));
+        size_t free_b = 0, total_b = 0;
+        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        if (need + reserve > free_b) {
+            const int fit = weights_fitting_cp(w.cfg, free_b, reserve);
+            CPFILL_FAIL(
+                "out of GPU memory: the bf16 weights of rank {} of --cp {} need {:.2f} GB "
+                "(+0.5 GB reserve) but GPU {} has {:.2f} GB free; {}",
+                r.rank, r.cp, need * 1e-9, r.device, free_b * 1e-9,
+                fit > r.cp ? fmt::format("--cp {} would fit the weights", fit)
+                           : std::string("no --cp up to 64 fits the weights"));
+        }
+        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_top(w));
         r.alloc_host_counts(w.cfg.n_experts);
     });
+}
+
+void GpuGroup::load_layer(int layer, const std::vector<const ModelWeights*>& rank_weights) {
+    Impl& g = *impl_;
+    CPFILL_CHECK(rank_weights.size() == g.ranks.size(), "weights for {} ranks, {} local ranks",
+                 rank_weights.size(), g.ranks.size());
+    g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
+        RankDevice& r = *g.ranks[i];
+        const ModelWeights& w = *rank_weights[i];
+        CPFILL_CHECK(r.weights != nullptr, "rank {}: load_layer({}) before load_top", r.rank,
+                     layer);
+        CPFILL_CHECK(w.slice.part == r.rank && w.slice.parts == r.cp && layer >= 0 &&
+                         layer < static_cast<int>(w.layers.size()),
+                     "rank {} of {} got expert slice {} of {} for layer {} of {}", r.rank, r.cp,
+                     w.slice.part, w.slice.parts, layer, w.layers.size());
+        cuda::upload_layer(*r.weights, layer, w.layers[layer]);
+    });
+}
+
+void GpuGroup::load(const std::vector<const ModelWeights*>& rank_weights) {
+    load_top(rank_weights);
+    for (int li = 0; li < rank_weights[0]->cfg.n_layers; ++li) load_layer(li, rank_weights);
 }
 
 void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
