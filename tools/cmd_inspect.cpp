@@ -5,6 +5,8 @@
 #include <map>
 
 #include "io/checkpoint.h"
+#include "model/weights.h"
+#include "parallel/gpu_prefill.h"
 #include "tools/commands.h"
 
 namespace cpfill::tools {
@@ -52,6 +54,21 @@ int inspect(const std::string& dir, int cp) {
     fmt::print("  per rank with --cp {}: stored {} (experts {} / {}), CPU fp32 {}\n", cp,
                gib(stored - expert_stored + expert_stored / cp), gib(expert_stored), cp,
                gib(fp32 - expert_fp32 + expert_fp32 / cp));
+    // What a run needs: host memory while loading, and GPU memory for the bf16 weights.
+    std::vector<int> all_ranks(static_cast<size_t>(cp));
+    for (int r = 0; r < cp; ++r) all_ranks[static_cast<size_t>(r)] = r;
+    fmt::print(
+        "  host memory to load with --cp {}: CPU backend {}; CUDA backend {} in one process, "
+        "{} per process under mpirun (one layer at a time)\n",
+        cp, gib(double(rank_weights_host_bytes(c, cp, all_ranks))),
+        gib(double(streamed_load_host_bytes(c, cp, all_ranks))),
+        gib(double(streamed_load_host_bytes(c, cp, {0}))));
+    try {
+        fmt::print("  GPU memory per rank with --cp {}: {} of bf16 weights, plus the workspace\n",
+                   cp, gib(double(gpu_weight_bytes(c, cp))));
+    } catch (const Error&) {
+        // A build without the CUDA backend, or more ranks than expert units: nothing to say.
+    }
     auto unused = ck.unused_tensors();
     if (!unused.empty())
         fmt::print("  {} stored tensors unused (e.g. {})\n", unused.size(), unused.front());

@@ -84,7 +84,17 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
 RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
                              const RunOptions& opt) {
     validate_requests(requests, config().vocab_size);
-    if (gpu_) return run_gpu(requests, opt);
+    RunResult r;
+    const auto t0 = std::chrono::steady_clock::now();
+    r.out = gpu_ ? run_gpu(requests, opt, &r.gpu) : run_cpu(requests, opt);
+    r.prefill_seconds = seconds_since(t0);
+    r.n_tokens = r.out.n_tokens;
+    r.first_tokens = last_argmax(r.out.logits, config().vocab_size);
+    return r;
+}
+
+PrefillOutput PrefillEngine::run_cpu(const std::vector<std::vector<int32_t>>& requests,
+                                     const RunOptions& opt) {
     PrefillOptions p;
     p.cp = options_.cp;
     p.tbo = opt.tbo;
@@ -96,17 +106,11 @@ RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,
     p.comm = options_.comm;
     std::vector<const ModelWeights*> views;
     for (const auto& w : ranks_) views.push_back(&w);
-    auto t0 = std::chrono::steady_clock::now();
-    RunResult r;
-    r.out = cp_prefill(views, requests, p);
-    r.prefill_seconds = seconds_since(t0);
-    r.n_tokens = r.out.n_tokens;
-    r.first_tokens = last_argmax(r.out.logits, config().vocab_size);
-    return r;
+    return cp_prefill(views, requests, p);
 }
 
-RunResult PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& requests,
-                                 const RunOptions& opt) {
+PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& requests,
+                                     const RunOptions& opt, GpuStats* stats) {
     CPFILL_CHECK(opt.chunk == 0,
                  "--chunk {}: chunked prefill is not available on the CUDA backend "
                  "yet (docs/status.md); leave --chunk out",
@@ -119,13 +123,7 @@ RunResult PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& reques
     g.phase_timing = opt.phase_timing;
     g.fail_rank = opt.fail_rank;
     g.record_kv = opt.keep_kv;
-    RunResult r;
-    auto t0 = std::chrono::steady_clock::now();
-    r.out = gpu_->run(requests, g, &r.gpu);
-    r.prefill_seconds = seconds_since(t0);
-    r.n_tokens = r.out.n_tokens;
-    r.first_tokens = last_argmax(r.out.logits, config().vocab_size);
-    return r;
+    return gpu_->run(requests, g, stats);
 }
 
 int32_t argmax(const float* v, int64_t n) {

@@ -59,7 +59,9 @@ class PrefillEngine {
   private:
     // cuda: creates the GPU group and loads it part by part (LoadOptions::part).
     void load_gpu(const Checkpoint& ckpt, LoadOptions load);
-    RunResult run_gpu(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
+    PrefillOutput run_cpu(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
+    PrefillOutput run_gpu(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt,
+                          GpuStats* stats);
     EngineOptions options_;
     ModelConfig cfg_;
     std::vector<ModelWeights> ranks_;  // attention and head tensors shared, experts 1/C each

@@ -424,6 +424,15 @@ size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::v
     return dense + sliced;
 }
 
+size_t streamed_load_host_bytes(const ModelConfig& cfg, int cp_size,
+                                const std::vector<int>& ranks) {
+    size_t most = rank_weights_host_bytes(cfg, cp_size, ranks, LoadPart{true, 0, 0});
+    for (int i = 0; i < cfg.n_layers; ++i)
+        most =
+            std::max(most, rank_weights_host_bytes(cfg, cp_size, ranks, LoadPart{false, i, i + 1}));
+    return most;
+}
+
 size_t rank_weights_stored_bytes(const Checkpoint& ck, int cp_size, const std::vector<int>& ranks) {
     const ModelConfig& cfg = ck.config();
     int64_t units = 0;  // expert hidden units the ranks hold

@@ -109,6 +109,9 @@ struct LoadOptions {
 // expert in `part`.
 size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks,
                                const LoadPart& part = {});
+// The host bytes of the largest part when the model is loaded part by part as the CUDA backend
+// does (the top-level tensors, then one layer at a time): the most it holds at once.
+size_t streamed_load_host_bytes(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks);
 // Stored (checkpoint) bytes that loading `ranks` reads, for a progress line's total.
 size_t rank_weights_stored_bytes(const Checkpoint& ck, int cp_size, const std::vector<int>& ranks);
 

@@ -388,6 +388,12 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     return out;
 }
 
+size_t gpu_weight_bytes(const ModelConfig& cfg, int cp) {
+    CPFILL_CHECK(cp >= 1 && cp <= cfg.moe_dim, "--cp {}: expected 1 to {} (moe_intermediate_size)",
+                 cp, cfg.moe_dim);
+    return cuda::weight_bytes(cfg, cuda::slice_width(cfg.moe_dim, ExpertSlice{0, cp}));
+}
+
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits) {
     CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",

@@ -261,7 +261,7 @@ TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
     LoadStats stats;
     std::vector<ModelWeights> assembled = load_rank_weights(*s.ck, 3, opt, &stats, only);
     size_t stored_sum = stats.stored_bytes,
-           host_sum = rank_weights_host_bytes(cfg, 3, only, opt.part);
+           host_sum = rank_weights_host_bytes(cfg, 3, only, opt.part), most = host_sum;
     for (const LayerWeights& L : assembled[0].layers) {
         EXPECT_FALSE(L.attn.wq_a.defined());
         EXPECT_TRUE(L.moe.w13.empty());
@@ -272,6 +272,7 @@ TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
         const std::vector<ModelWeights> part = load_rank_weights(*s.ck, 3, opt, &stats, only);
         stored_sum += stats.stored_bytes;
         host_sum += rank_weights_host_bytes(cfg, 3, only, opt.part);
+        most = std::max(most, rank_weights_host_bytes(cfg, 3, only, opt.part));
         ASSERT_EQ(part.size(), only.size());
         EXPECT_FALSE(part[0].embed.defined());
         for (int other = 0; other < cfg.n_layers; ++other)
@@ -288,6 +289,8 @@ TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
     }
     EXPECT_EQ(stored_sum, whole_stats.stored_bytes);
     EXPECT_EQ(host_sum, rank_weights_host_bytes(cfg, 3, only));
+    EXPECT_EQ(streamed_load_host_bytes(cfg, 3, only), most);
+    EXPECT_LT(most, host_sum / 2);
     // The progress total estimate is the stored bytes read, up to the rounding of fp8 tile shares.
     const double est = static_cast<double>(rank_weights_stored_bytes(*s.ck, 3, only));
     EXPECT_NEAR(est, static_cast<double>(whole_stats.stored_bytes), 0.01 * est);

@@ -83,6 +83,11 @@ TEST(Cli, GenInspectRunRoundTrip) {
     Result i = run_cli("inspect --model " + tmp.file("m"));
     ASSERT_EQ(i.code, 0) << i.out;
     EXPECT_NE(i.out.find("F8_E4M3"), std::string::npos) << i.out;
+    Result i2 = run_cli("inspect --model " + tmp.file("m") + " --cp 2");
+    ASSERT_EQ(i2.code, 0) << i2.out;
+    EXPECT_NE(i2.out.find("host memory to load with --cp 2: CPU backend"), std::string::npos)
+        << i2.out;
+    EXPECT_NE(i2.out.find("per process under mpirun"), std::string::npos) << i2.out;
     Result r = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6,7,8,9");
     EXPECT_EQ(r.code, 0) << r.out;
 }
