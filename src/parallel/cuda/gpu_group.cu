@@ -208,18 +208,26 @@ int weights_fitting_cp(const ModelConfig& cfg, size_t capacity, size_t reserve) 
     return 0;
 }
 
+// Local rank i's host view, checked against the group and the rank.
+const ModelWeights& rank_view(const GpuGroup::Impl& g, size_t i,
+                              const std::vector<const ModelWeights*>& rank_weights) {
+    CPFILL_CHECK(rank_weights.size() == g.ranks.size(), "weights for {} ranks, {} local ranks",
+                 rank_weights.size(), g.ranks.size());
+    const RankDevice& r = *g.ranks[i];
+    const ModelWeights& w = *rank_weights[i];
+    CPFILL_CHECK(w.slice.part == r.rank && w.slice.parts == r.cp,
+                 "rank {} of {} got expert slice {} of {}", r.rank, r.cp, w.slice.part,
+                 w.slice.parts);
+    return w;
+}
+
 }  // namespace
 
 void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
     Impl& g = *impl_;
-    CPFILL_CHECK(rank_weights.size() == g.ranks.size(), "weights for {} ranks, {} local ranks",
-                 rank_weights.size(), g.ranks.size());
     g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
         RankDevice& r = *g.ranks[i];
-        const ModelWeights& w = *rank_weights[i];
-        CPFILL_CHECK(w.slice.part == r.rank && w.slice.parts == r.cp,
-                     "rank {} of {} got expert slice {} of {}", r.rank, r.cp, w.slice.part,
-                     w.slice.parts);
+        const ModelWeights& w = rank_view(g, i, rank_weights);
         r.weights.reset();
         r.arena.reset();
         // All of the model's weights must fit, checked before the first layer is read (with the
@@ -244,17 +252,13 @@ void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
 
 void GpuGroup::load_layer(int layer, const std::vector<const ModelWeights*>& rank_weights) {
     Impl& g = *impl_;
-    CPFILL_CHECK(rank_weights.size() == g.ranks.size(), "weights for {} ranks, {} local ranks",
-                 rank_weights.size(), g.ranks.size());
     g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
         RankDevice& r = *g.ranks[i];
-        const ModelWeights& w = *rank_weights[i];
+        const ModelWeights& w = rank_view(g, i, rank_weights);
         CPFILL_CHECK(r.weights != nullptr, "rank {}: load_layer({}) before load_top", r.rank,
                      layer);
-        CPFILL_CHECK(w.slice.part == r.rank && w.slice.parts == r.cp && layer >= 0 &&
-                         layer < static_cast<int>(w.layers.size()),
-                     "rank {} of {} got expert slice {} of {} for layer {} of {}", r.rank, r.cp,
-                     w.slice.part, w.slice.parts, layer, w.layers.size());
+        CPFILL_CHECK(layer >= 0 && layer < static_cast<int>(w.layers.size()),
+                     "rank {}: layer {} of a model with {} layers", r.rank, layer, w.layers.size());
         cuda::upload_layer(*r.weights, layer, w.layers[layer]);
     });
 }
