@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "core/host_memory.h"
 #include "core/parallel.h"
 #include "io/checkpoint.h"
 #include "io/progress.h"
@@ -17,6 +18,36 @@ std::vector<int32_t> last_argmax(const std::vector<Tensor>& logits, int64_t V) {
     for (const Tensor& l : logits)
         out.push_back(argmax(l.f32() + (l.ndim() == 2 ? (l.dim(0) - 1) * V : 0), V));
     return out;
+}
+
+// Refuses a CPU-backend prefill whose buffers (cpu_prefill_bytes) exceed the host memory left,
+// naming a --chunk that would fit when there is one.
+void check_cpu_memory(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& requests,
+                      const PrefillOptions& p) {
+    const std::optional<HostMemory> have = host_memory_available();
+    if (!have) return;
+    const size_t need = cpu_prefill_bytes(cfg, requests, p);
+    if (need <= have->available) return;
+    int64_t total = 0;
+    for (const auto& r : requests) total += static_cast<int64_t>(r.size());
+    std::string advice = "shorten the prompt or use --device cuda";
+    const int64_t start = p.chunk > 0 ? p.chunk : total;
+    for (int64_t chunk = int64_t{1} << 30; chunk >= 256; chunk /= 2) {
+        if (chunk >= start) continue;
+        PrefillOptions c = p;
+        c.chunk = chunk;
+        if (cpu_prefill_bytes(cfg, requests, c) <= have->available) {
+            advice = fmt::format("--chunk {} would fit (the KV store still grows with the prompt)",
+                                 chunk);
+            break;
+        }
+    }
+    CPFILL_FAIL(
+        "out of host memory: a CPU-backend prefill of {} tokens at --cp {}{} needs about {:.2f} GB "
+        "beside the weights (activations, collective buffers, KV store) but {:.2f} GB are "
+        "available ({}); {}",
+        total, p.cp, p.chunk > 0 ? fmt::format(" --chunk {}", p.chunk) : std::string(), need * 1e-9,
+        have->available * 1e-9, have->source, advice);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -104,6 +135,7 @@ PrefillOutput PrefillEngine::run_cpu(const std::vector<std::vector<int32_t>>& re
     p.record_hidden = opt.record_hidden;
     p.record_topk = opt.record_topk;
     p.comm = options_.comm;
+    check_cpu_memory(cfg_, requests, p);
     std::vector<const ModelWeights*> views;
     for (const auto& w : ranks_) views.push_back(&w);
     return cp_prefill(views, requests, p);

@@ -39,6 +39,15 @@ struct PrefillOutput {
     int64_t n_tokens = 0;
 };
 
+// Host bytes a CPU-backend prefill of `requests` allocates beyond the weights, all ranks together:
+// per rank its local rows' activations, the gathered rows of a layer, the collective buffers, the
+// MoE of all rows, and a KV store over every token (window keys of every position, entries,
+// indexer keys, each counted twice for the growth of their vectors); with --chunk the activations
+// follow the largest chunk and the KV store the whole prompt. Plus the outputs. An estimate from
+// the buffers' sizes: the CLI checks it against the host memory left before a run.
+size_t cpu_prefill_bytes(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& requests,
+                         const PrefillOptions& opt);
+
 // An output with zeroed logits (per request [vocab], or [len, vocab] with all_logits) and, when
 // asked for, the hidden-state and indexer records over all tokens; shared by both backends.
 PrefillOutput make_prefill_output(const ModelConfig& cfg,
