@@ -6,7 +6,6 @@
 #include "core/host_memory.h"
 #include "core/parallel.h"
 #include "io/checkpoint.h"
-#include "io/progress.h"
 #include "model/batch.h"
 
 namespace cpfill {
@@ -89,27 +88,20 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
     // Under mpirun (local ranks given) only this process's ranks; otherwise all of them. The
     // top-level tensors first, then one layer at a time: read into host fp32, uploaded, dropped,
     // so that host memory holds one layer of the local ranks, not the model (docs/loading.md).
-    std::vector<int> which = options_.gpu.local_ranks;
-    if (which.empty())
-        for (int r = 0; r < options_.cp; ++r) which.push_back(r);
-    Progress bar("loading", rank_weights_stored_bytes(ckpt, options_.cp, which), load.progress);
-    load.bar = &bar;
-    LoadStats stats;
-    load_bytes_ = 0;
-    for (int part = -1; part < cfg.n_layers; ++part) {  // -1: the top-level tensors
-        load.part = part < 0 ? LoadPart{true, 0, 0} : LoadPart{false, part, part + 1};
-        const std::vector<ModelWeights> host =
-            load_rank_weights(ckpt, options_.cp, load, &stats, options_.gpu.local_ranks);
-        load_bytes_ += stats.stored_bytes;
-        std::vector<const ModelWeights*> views;
-        for (const ModelWeights& w : host) views.push_back(&w);
-        if (part < 0)
-            gpu_->load_top(views);
-        else
-            gpu_->load_layer(part, views);
-    }
-    bar.finish();
-    rank_bytes_ = rank_weights_host_bytes(cfg, options_.cp, {which.back()});
+    const LoadStats stats =
+        load_rank_weights_in_parts(ckpt, options_.cp, load, options_.gpu.local_ranks,
+                                   [&](int part, const std::vector<ModelWeights>& host) {
+                                       std::vector<const ModelWeights*> views;
+                                       for (const ModelWeights& w : host) views.push_back(&w);
+                                       if (part < 0)
+                                           gpu_->load_top(views);
+                                       else
+                                           gpu_->load_layer(part, views);
+                                   });
+    load_bytes_ = stats.stored_bytes;
+    const std::vector<int>& local = options_.gpu.local_ranks;
+    rank_bytes_ =
+        rank_weights_host_bytes(cfg, options_.cp, {local.empty() ? options_.cp - 1 : local.back()});
 }
 
 RunResult PrefillEngine::run(const std::vector<std::vector<int32_t>>& requests,

@@ -495,6 +495,29 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     return ranks;
 }
 
+LoadStats load_rank_weights_in_parts(
+    const Checkpoint& ck, int cp_size, LoadOptions opt, const std::vector<int>& only_ranks,
+    const std::function<void(int part, const std::vector<ModelWeights>& ranks)>& on_part) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int> which = only_ranks;
+    if (which.empty())
+        for (int r = 0; r < cp_size; ++r) which.push_back(r);
+    Progress bar("loading", rank_weights_stored_bytes(ck, cp_size, which), opt.progress);
+    opt.bar = &bar;
+    LoadStats total, stats;
+    for (int part = -1; part < ck.config().n_layers; ++part) {
+        opt.part = part < 0 ? LoadPart{true, 0, 0} : LoadPart{false, part, part + 1};
+        const std::vector<ModelWeights> ranks =
+            load_rank_weights(ck, cp_size, opt, &stats, only_ranks);
+        total.stored_bytes += stats.stored_bytes;
+        total.f32_bytes += stats.f32_bytes;
+        on_part(part, ranks);
+    }
+    bar.finish();
+    total.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return total;
+}
+
 size_t ModelWeights::bytes() const {
     size_t n = 0;
     for (const Tensor* t : {&embed, &head, &norm, &hc_head_fn})

@@ -4,6 +4,7 @@
 // load_rank_weights reads all ranks' views at once, in parallel (docs/loading.md).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -132,6 +133,14 @@ struct LoadStats {
 std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
                                             const LoadOptions& opt, LoadStats* stats = nullptr,
                                             const std::vector<int>& only_ranks = {});
+
+// The same load in parts, as the CUDA backend uses it: the top-level tensors (part −1), then each
+// layer (part i), each read with LoadOptions::part into fresh host tensors, handed to `on_part`
+// and dropped before the next part is read; one progress line for the whole load. Returns the
+// totals.
+LoadStats load_rank_weights_in_parts(
+    const Checkpoint& ck, int cp_size, LoadOptions opt, const std::vector<int>& only_ranks,
+    const std::function<void(int part, const std::vector<ModelWeights>& ranks)>& on_part);
 
 // A rank's view of fully loaded weights: the same (shared, not copied) attention and head tensors,
 // and slice `slice.part` of `slice.parts` of every routed and shared expert's hidden width.

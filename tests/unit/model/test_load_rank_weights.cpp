@@ -245,9 +245,9 @@ TEST(LoadRankWeights, HostBytesAreWhatTheLoadAllocates) {
     }
 }
 
-// The CUDA backend loads the top-level tensors, then one layer at a time: put together, the parts
-// are the whole load bit for bit, each part holds nothing else, and the parts' byte counts add up
-// to the whole's.
+// The CUDA backend loads the top-level tensors, then one layer at a time
+// (load_rank_weights_in_parts): put together, the parts are the whole load bit for bit, each part
+// holds nothing else, and the parts' byte counts add up to the whole's.
 TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
     const Stored& s = stored({"fp8", "fp4", "upstream", 300});
     const ModelConfig& cfg = s.ck->config();
@@ -257,30 +257,38 @@ TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
         load_rank_weights(*s.ck, 3, {2, false}, &whole_stats, only);
 
     LoadOptions opt(2, false);
-    opt.part = {true, 0, 0};
-    LoadStats stats;
-    std::vector<ModelWeights> assembled = load_rank_weights(*s.ck, 3, opt, &stats, only);
-    size_t stored_sum = stats.stored_bytes,
-           host_sum = rank_weights_host_bytes(cfg, 3, only, opt.part), most = host_sum;
-    for (const LayerWeights& L : assembled[0].layers) {
-        EXPECT_FALSE(L.attn.wq_a.defined());
-        EXPECT_TRUE(L.moe.w13.empty());
-    }
-    for (int li = 0; li < cfg.n_layers; ++li) {
-        SCOPED_TRACE(fmt::format("layer {}", li));
-        opt.part = {false, li, li + 1};
-        const std::vector<ModelWeights> part = load_rank_weights(*s.ck, 3, opt, &stats, only);
-        stored_sum += stats.stored_bytes;
-        host_sum += rank_weights_host_bytes(cfg, 3, only, opt.part);
-        most = std::max(most, rank_weights_host_bytes(cfg, 3, only, opt.part));
-        ASSERT_EQ(part.size(), only.size());
-        EXPECT_FALSE(part[0].embed.defined());
-        for (int other = 0; other < cfg.n_layers; ++other)
-            if (other != li) {
-                EXPECT_FALSE(part[1].layers[other].attn.wq_a.defined());
+    std::vector<ModelWeights> assembled;
+    std::vector<int> order;
+    size_t host_sum = 0, most = 0;
+    const LoadStats stats = load_rank_weights_in_parts(
+        *s.ck, 3, opt, only, [&](int part, const std::vector<ModelWeights>& ranks) {
+            order.push_back(part);
+            const LoadPart p = part < 0 ? LoadPart{true, 0, 0} : LoadPart{false, part, part + 1};
+            host_sum += rank_weights_host_bytes(cfg, 3, only, p);
+            most = std::max(most, rank_weights_host_bytes(cfg, 3, only, p));
+            ASSERT_EQ(ranks.size(), only.size());
+            EXPECT_EQ(ranks[1].slice.part, 0);
+            if (part < 0) {
+                assembled = ranks;
+                for (const LayerWeights& L : ranks[0].layers) {
+                    EXPECT_FALSE(L.attn.wq_a.defined());
+                    EXPECT_TRUE(L.moe.w13.empty());
+                }
+                return;
             }
-        for (size_t k = 0; k < part.size(); ++k) assembled[k].layers[li] = part[k].layers[li];
-    }
+            EXPECT_FALSE(ranks[0].embed.defined());
+            for (int other = 0; other < cfg.n_layers; ++other) {
+                if (other != part) {
+                    EXPECT_FALSE(ranks[1].layers[other].attn.wq_a.defined());
+                }
+            }
+            for (size_t k = 0; k < ranks.size(); ++k)
+                assembled[k].layers[part] = ranks[k].layers[part];
+        });
+    std::vector<int> want_order;
+    for (int part = -1; part < cfg.n_layers; ++part) want_order.push_back(part);
+    EXPECT_EQ(order, want_order);
+    const size_t stored_sum = stats.stored_bytes;
     for (size_t k = 0; k < only.size(); ++k) {
         const auto got = tensors(assembled[k]), want = tensors(whole[k]);
         ASSERT_EQ(got.size(), want.size());
