@@ -391,14 +391,22 @@ void check_host_memory(const ModelConfig& cfg, int cp_size, const std::vector<in
         what = fmt::format(" (layer{} {}{}{})", last > p.layer_begin ? "s" : "", p.layer_begin,
                            last > p.layer_begin ? fmt::format(" to {}", last) : "",
                            p.top ? " and the top-level tensors" : "");
+    const std::string who = ranks.size() == 1 ? fmt::format("rank {}", ranks[0])
+                            : static_cast<int>(ranks.size()) == cp_size
+                                ? fmt::format("all {} ranks", cp_size)
+                                : fmt::format("{} ranks", ranks.size());
+    const bool whole = what.empty();
+    const std::string advice =
+        whole ? "the CPU backend holds the whole model in fp32: use a machine with more memory, or "
+                "--device cuda, which loads one layer at a time"
+        : ranks.size() > 1
+            ? "run one process per GPU under mpirun: each reads only its own rank's experts"
+            : "use a machine with more memory";
     CPFILL_FAIL(
-        "out of host memory: the fp32 weights{} of {} rank(s) of --cp {} need {:.2f} GB ({:.2f} GB "
-        "dense tensors, held once, and {:.2f} GB of expert slices) but {:.2f} GB are available "
-        "({}); weights are held in fp32 on the host (the CUDA backend uploads them from there), so "
-        "this model needs a machine with more memory{}",
-        what, ranks.size(), cp_size, gb(need), gb(dense), gb(need - dense), gb(have->available),
-        have->source,
-        ranks.size() > 1 ? "; under mpirun each process holds only its own rank's experts" : "");
+        "out of host memory: the fp32 weights{} of {} of --cp {} need {:.2f} GB ({:.2f} GB dense "
+        "tensors, held once, and {:.2f} GB of expert slices) but {:.2f} GB are available ({}); {}",
+        what, who, cp_size, gb(need), gb(dense), gb(need - dense), gb(have->available),
+        have->source, advice);
 }
 
 }  // namespace

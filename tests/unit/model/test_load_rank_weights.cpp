@@ -306,7 +306,7 @@ TEST(LoadRankWeights, PartsMakeUpTheWholeLoad) {
     opt.part = {false, 2, 3};
     opt.host_memory = rank_weights_host_bytes(cfg, 3, only, opt.part) - 1;
     test::expect_error([&] { load_rank_weights(*s.ck, 3, opt, nullptr, only); },
-                       {"out of host memory", "(layer 2)", "2 rank(s) of --cp 3"});
+                       {"out of host memory", "(layer 2)", "2 ranks of --cp 3", "under mpirun"});
 }
 
 TEST(LoadRankWeightsErrors, NotEnoughHostMemoryIsRefusedBeforeLoading) {
@@ -317,8 +317,8 @@ TEST(LoadRankWeightsErrors, NotEnoughHostMemoryIsRefusedBeforeLoading) {
     LoadStats stats;
     test::expect_error(
         [&] { load_rank_weights(*s.ck, 2, opt, &stats); },
-        {"out of host memory", "2 rank(s) of --cp 2", fmt::format("need {:.2f} GB", need * 1e-9),
-         fmt::format("{:.2f} GB are available", (need - 1) * 1e-9), "more memory"});
+        {"out of host memory", "all 2 ranks of --cp 2", fmt::format("need {:.2f} GB", need * 1e-9),
+         fmt::format("{:.2f} GB are available", (need - 1) * 1e-9), "--device cuda"});
     EXPECT_EQ(stats.stored_bytes, 0u);  // nothing was read
     // One rank of the two (as under mpirun) needs less: the dense tensors and half the experts.
     opt.host_memory = rank_weights_host_bytes(cfg, 2, {1});
@@ -326,7 +326,7 @@ TEST(LoadRankWeightsErrors, NotEnoughHostMemoryIsRefusedBeforeLoading) {
     EXPECT_EQ(load_rank_weights(*s.ck, 2, opt, nullptr, {1}).size(), 1u);
     opt.host_memory = *opt.host_memory - 1;
     test::expect_error([&] { load_rank_weights(*s.ck, 2, opt, nullptr, {0}); },
-                       {"out of host memory", "1 rank(s) of --cp 2"});
+                       {"out of host memory", "rank 0 of --cp 2"});
 }
 
 TEST(LoadRankWeightsErrors, MissingExpertTensorIsNamed) {
