@@ -73,10 +73,10 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     LoadOptions load;
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
     load.progress = true;  // drawn only when stderr is a terminal and the load takes over 1 s
-    LoadStats stats;
     if (options.cuda) {
         load_gpu(ckpt, load);
     } else {
+        LoadStats stats;
         ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
         load_bytes_ = stats.stored_bytes;
         rank_bytes_ = ranks_.back().bytes();

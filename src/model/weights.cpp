@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -21,6 +22,16 @@
 namespace cpfill {
 
 namespace {
+
+// The top-level tensors of `w` with their canonical names, in load order.
+std::array<std::pair<const char*, Tensor*>, 6> top_level(ModelWeights& w) {
+    return {{{"embed.weight", &w.embed},
+             {"head.weight", &w.head},
+             {"norm.weight", &w.norm},
+             {"hc_head_fn", &w.hc_head_fn},
+             {"hc_head_base", &w.hc_head_base},
+             {"hc_head_scale", &w.hc_head_scale}}};
+}
 
 // Rows [begin, end) of a 2-D tensor.
 Tensor row_slice(const Tensor& t, int64_t begin, int64_t end) {
@@ -116,12 +127,7 @@ ModelWeights load_weights(const Checkpoint& ck, ExpertSlice slice) {
     ModelWeights w;
     w.cfg = cfg;
     w.slice = slice;
-    w.embed = ck.get_f32("embed.weight");
-    w.head = ck.get_f32("head.weight");
-    w.norm = ck.get_f32("norm.weight");
-    w.hc_head_fn = ck.get_f32("hc_head_fn");
-    w.hc_head_base = ck.get_f32("hc_head_base");
-    w.hc_head_scale = ck.get_f32("hc_head_scale");
+    for (const auto& [name, t] : top_level(w)) *t = ck.get_f32(name);
     for (int i = 0; i < cfg.n_layers; ++i) w.layers.push_back(load_layer(ck, cfg, i, slice));
     return w;
 }
@@ -369,6 +375,14 @@ void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelW
 
 double gb(size_t bytes) { return static_cast<double>(bytes) * 1e-9; }
 
+// `only_ranks`, or every rank of the group when it is empty.
+std::vector<int> ranks_or_all(const std::vector<int>& only_ranks, int cp_size) {
+    std::vector<int> which = only_ranks;
+    if (which.empty())
+        for (int r = 0; r < cp_size; ++r) which.push_back(r);
+    return which;
+}
+
 // Refuses a load that would not fit into host memory, with the numbers and what to change.
 void check_host_memory(const ModelConfig& cfg, int cp_size, const std::vector<int>& ranks,
                        const LoadOptions& opt) {
@@ -425,10 +439,9 @@ size_t rank_weights_host_bytes(const ModelConfig& cfg, int cp_size, const std::v
     // Rank r holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C) of every expert; each expert tensor
     // is moe_dim × d_model, so its slice is exactly width_r / moe_dim of it.
     size_t sliced = 0;
-    for (int r : ranks) {
-        const int64_t width = cfg.moe_dim * (r + 1) / cp_size - cfg.moe_dim * r / cp_size;
-        sliced += expert / static_cast<size_t>(cfg.moe_dim) * static_cast<size_t>(width);
-    }
+    for (int r : ranks)
+        sliced += expert / static_cast<size_t>(cfg.moe_dim) *
+                  static_cast<size_t>(slice_width(cfg.moe_dim, {r, cp_size}));
     return dense + sliced;
 }
 
@@ -444,7 +457,7 @@ size_t streamed_load_host_bytes(const ModelConfig& cfg, int cp_size,
 size_t rank_weights_stored_bytes(const Checkpoint& ck, int cp_size, const std::vector<int>& ranks) {
     const ModelConfig& cfg = ck.config();
     int64_t units = 0;  // expert hidden units the ranks hold
-    for (int r : ranks) units += cfg.moe_dim * (r + 1) / cp_size - cfg.moe_dim * r / cp_size;
+    for (int r : ranks) units += slice_width(cfg.moe_dim, {r, cp_size});
     double total = 0;
     for (const WeightSpec& spec : ck.specs().all()) {
         const double bytes = static_cast<double>(ck.stored(spec.name).bytes);
@@ -463,9 +476,7 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
                  cfg.moe_dim, cp_size, cfg.moe_dim);
     CPFILL_CHECK(opt.threads >= 0, "load threads {}: expected >= 0 (0: all hardware threads)",
                  opt.threads);
-    std::vector<int> which = only_ranks;
-    if (which.empty())
-        for (int r = 0; r < cp_size; ++r) which.push_back(r);
+    const std::vector<int> which = ranks_or_all(only_ranks, cp_size);
     for (int r : which)
         CPFILL_CHECK(r >= 0 && r < cp_size, "load: rank {} outside a CP group of {}", r, cp_size);
     check_host_memory(cfg, cp_size, which, opt);
@@ -474,14 +485,8 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     ModelWeights dense;
     dense.cfg = cfg;
     dense.layers.resize(cfg.n_layers);
-    if (part.top) {
-        dense.embed = plan.whole("embed.weight");
-        dense.norm = plan.whole("norm.weight");
-        dense.head = plan.whole("head.weight");
-        dense.hc_head_fn = plan.whole("hc_head_fn");
-        dense.hc_head_base = plan.whole("hc_head_base");
-        dense.hc_head_scale = plan.whole("hc_head_scale");
-    }
+    if (part.top)
+        for (const auto& [name, t] : top_level(dense)) *t = plan.whole(name);
     for (int i = 0; i < cfg.n_layers; ++i)
         if (part.has_layer(i)) plan_dense_layer(plan, cfg, i, dense.layers[i]);
     std::vector<ModelWeights> ranks(which.size(), dense);  // dense tensors shared, not copied
@@ -507,10 +512,9 @@ LoadStats load_rank_weights_in_parts(
     const Checkpoint& ck, int cp_size, LoadOptions opt, const std::vector<int>& only_ranks,
     const std::function<void(int part, const std::vector<ModelWeights>& ranks)>& on_part) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<int> which = only_ranks;
-    if (which.empty())
-        for (int r = 0; r < cp_size; ++r) which.push_back(r);
-    Progress bar("loading", rank_weights_stored_bytes(ck, cp_size, which), opt.progress);
+    Progress bar("loading",
+                 rank_weights_stored_bytes(ck, cp_size, ranks_or_all(only_ranks, cp_size)),
+                 opt.progress);
     opt.bar = &bar;
     LoadStats total, stats;
     for (int part = -1; part < ck.config().n_layers; ++part) {

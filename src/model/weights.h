@@ -64,6 +64,11 @@ struct ExpertSlice {
     int parts = 1;  // how many slices (the CP size); slice p holds units [D·p/parts, D·(p+1)/parts)
 };
 
+// Hidden units of expert slice `s` of a width-`moe_dim` expert.
+inline int64_t slice_width(int64_t moe_dim, ExpertSlice s) {
+    return moe_dim * (s.part + 1) / s.parts - moe_dim * s.part / s.parts;
+}
+
 struct ModelWeights {
     ModelConfig cfg;
     ExpertSlice slice;

@@ -67,9 +67,6 @@ void upload_layer(GpuWeights& g, int li, const LayerWeights& host);
 // them, tid2eid rows of distinct experts. The same seed gives the same weights on every rank.
 GpuWeights random_weights(const ModelConfig& cfg, ExpertSlice slice, uint64_t seed);
 
-// Hidden units of expert slice `slice` of a width-`moe_dim` expert.
-inline int64_t slice_width(int64_t moe_dim, ExpertSlice s) {
-    return moe_dim * (s.part + 1) / s.parts - moe_dim * s.part / s.parts;
-}
+using cpfill::slice_width;  // model/weights.h
 
 }  // namespace cpfill::cuda

@@ -202,9 +202,7 @@ namespace {
 // bytes, or 0 when none up to 64 does.
 int weights_fitting_cp(const ModelConfig& cfg, size_t capacity, size_t reserve) {
     for (int c = 1; c <= std::min(64, cfg.moe_dim); ++c)
-        if (cuda::weight_bytes(cfg, cuda::slice_width(cfg.moe_dim, ExpertSlice{0, c})) + reserve <=
-            capacity)
-            return c;
+        if (gpu_weight_bytes(cfg, c) + reserve <= capacity) return c;
     return 0;
 }
 
