@@ -5,8 +5,8 @@
 #include <map>
 
 #include "io/checkpoint.h"
+#include "model/weight_bytes.h"
 #include "model/weights.h"
-#include "parallel/gpu_prefill.h"
 #include "tools/commands.h"
 
 namespace cpfill::tools {
@@ -63,12 +63,9 @@ int inspect(const std::string& dir, int cp) {
         cp, gib(double(rank_weights_host_bytes(c, cp, all_ranks))),
         gib(double(streamed_load_host_bytes(c, cp, all_ranks))),
         gib(double(streamed_load_host_bytes(c, cp, {0}))));
-    try {
+    if (cp <= c.moe_dim)
         fmt::print("  GPU memory per rank with --cp {}: {} of bf16 weights, plus the workspace\n",
                    cp, gib(double(gpu_weight_bytes(c, cp))));
-    } catch (const Error&) {
-        // A build without the CUDA backend, or more ranks than expert units: nothing to say.
-    }
     auto unused = ck.unused_tensors();
     if (!unused.empty())
         fmt::print("  {} stored tensors unused (e.g. {})\n", unused.size(), unused.front());

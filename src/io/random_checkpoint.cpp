@@ -77,21 +77,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Mean and standard deviation of each tensor family (see the header).
-std::pair<double, double> distribution(const ModelConfig& cfg, const WeightSpec& s) {
-    const double fan_in = s.shape.size() == 2 ? static_cast<double>(s.shape[1]) : 1.0;
-    if (s.name == "embed.weight") return {0.0, 1.0};
-    if (ends_with(s.name, "norm.weight")) return {1.0, 0.1};
-    if (ends_with(s.name, "_fn")) return {0.0, 0.5 / std::sqrt(fan_in)};
-    if (ends_with(s.name, "_base")) return {0.0, 0.3};
-    if (ends_with(s.name, "_scale")) return {1.0, 0.1};
-    if (ends_with(s.name, "attn_sink")) return {0.0, 1.0};
-    if (ends_with(s.name, ".ape")) return {0.0, 0.5};
-    if (ends_with(s.name, "gate.bias")) return {0.0, 0.05};
-    (void)cfg;
-    return {0.0, 1.0 / std::sqrt(fan_in)};  // linears, gate, head
-}
-
 Tensor random_weight_in(const ModelConfig& cfg, const WeightSpec& spec, uint64_t seed,
                         ThreadPool& pool) {
     const uint64_t ts = name_seed(seed, spec.name);
@@ -120,7 +105,7 @@ Tensor random_weight_in(const ModelConfig& cfg, const WeightSpec& spec, uint64_t
         return t;
     }
     Tensor t = Tensor::empty(DType::F32, spec.shape);
-    auto [mean, stddev] = distribution(cfg, spec);
+    const double mean = spec.init.mean, stddev = spec.init.std;  // the weight table's
     fill_normal(t.f32(), t.numel(), ts, mean, stddev, pool);
     return t;
 }

@@ -4,30 +4,65 @@
 // [512, 4096], hc_attn_fn [24, 16384] ((2 + hc)·hc × hc·d_model).
 #include "io/weight_specs.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace cpfill {
 
 namespace {
 
+using S = WeightSlot;
+using C = WeightClass;
+
+// Random-weight distributions by family (io/random_checkpoint.h): linears, router gate and head
+// N(0, 1/in); norms and mHC scales around 1; mHC mixing rows scaled down by 0.5.
+WeightInit linear_init(int64_t in) { return {0.0, 1.0 / std::sqrt(static_cast<double>(in))}; }
+constexpr WeightInit kNormInit{1.0, 0.1};
+
 struct Builder {
     std::vector<WeightSpec>& out;
     int layer;
     int expert = -1;
-    void add(std::string name, Shape shape, WeightClass cls) {
-        out.push_back({std::move(name), std::move(shape), cls, layer, expert});
+    Shard shard = Shard::Replicated;
+    void add(std::string name, Shape shape, WeightClass cls, WeightSlot slot, WeightInit init) {
+        out.push_back({std::move(name), std::move(shape), cls, layer, expert, slot, shard, init});
+    }
+    void linear(std::string name, int64_t rows, int64_t in, WeightClass cls, WeightSlot slot) {
+        add(std::move(name), {rows, in}, cls, slot, linear_init(in));
+    }
+    void norm(std::string name, int64_t n, WeightSlot slot) {
+        add(std::move(name), {n}, C::BF16, slot, kNormInit);
+    }
+    // An mHC site: mixing rows [mix, in], their bias [mix] and `scales` gains.
+    void mhc(const std::string& p, int64_t mix, int64_t in, int64_t scales, WeightSlot fn,
+             WeightSlot base, WeightSlot scale) {
+        add(p + "_fn", {mix, in}, C::F32, fn, {0.0, 0.5 / std::sqrt(static_cast<double>(in))});
+        add(p + "_base", {mix}, C::F32, base, {0.0, 0.3});
+        add(p + "_scale", {scales}, C::F32, scale, kNormInit);
     }
 };
 
 // The compressor of a CSA/HCA layer or of the CSA indexer: `width` = 2·dim for overlapping (CSA)
 // windows, dim otherwise; ape has one row per slot of a window.
 void add_compressor(Builder& b, const std::string& p, int64_t d_model, int64_t dim, int ratio,
-                    bool overlap) {
+                    bool overlap, bool indexer) {
     const int64_t width = overlap ? 2 * dim : dim;
-    b.add(p + "wkv.weight", {width, d_model}, WeightClass::BF16);
-    b.add(p + "wgate.weight", {width, d_model}, WeightClass::BF16);
-    b.add(p + "ape", {ratio, width}, WeightClass::F32);
-    b.add(p + "norm.weight", {dim}, WeightClass::BF16);
+    b.linear(p + "wkv.weight", width, d_model, C::BF16, indexer ? S::IdxCompWkv : S::CompWkv);
+    b.linear(p + "wgate.weight", width, d_model, C::BF16, indexer ? S::IdxCompWgate : S::CompWgate);
+    b.add(p + "ape", {ratio, width}, C::F32, indexer ? S::IdxCompApe : S::CompApe, {0.0, 0.5});
+    b.norm(p + "norm.weight", dim, indexer ? S::IdxCompNorm : S::CompNorm);
+}
+
+// An expert's SwiGLU matrices; CP ranks slice them over the hidden width (Shard).
+void add_expert(Builder& b, const std::string& x, int64_t D, int64_t I, WeightClass cls) {
+    b.shard = Shard::HiddenRows;
+    b.linear(x + "w1.weight", I, D, cls, S::W1);
+    b.shard = Shard::HiddenCols;
+    b.linear(x + "w2.weight", D, I, cls, S::W2);
+    b.shard = Shard::HiddenRows;
+    b.linear(x + "w3.weight", I, D, cls, S::W3);
+    b.shard = Shard::Replicated;
 }
 
 void add_layer(const ModelConfig& c, int i, std::vector<WeightSpec>& out) {
@@ -35,49 +70,41 @@ void add_layer(const ModelConfig& c, int i, std::vector<WeightSpec>& out) {
     const std::string p = "layers." + std::to_string(i) + ".";
     const int64_t D = c.d_model, hd = c.head_dim, H = c.n_heads, I = c.moe_dim;
     const int64_t mix = int64_t{2 + c.hc} * c.hc;
-    for (const char* site : {"hc_attn", "hc_ffn"}) {
-        b.add(p + site + "_fn", {mix, c.hc * D}, WeightClass::F32);
-        b.add(p + site + "_base", {mix}, WeightClass::F32);
-        b.add(p + site + "_scale", {3}, WeightClass::F32);
-    }
-    b.add(p + "attn_norm.weight", {D}, WeightClass::BF16);
-    b.add(p + "ffn_norm.weight", {D}, WeightClass::BF16);
+    b.mhc(p + "hc_attn", mix, c.hc * D, 3, S::HcAttnFn, S::HcAttnBase, S::HcAttnScale);
+    b.mhc(p + "hc_ffn", mix, c.hc * D, 3, S::HcFfnFn, S::HcFfnBase, S::HcFfnScale);
+    b.norm(p + "attn_norm.weight", D, S::AttnNorm);
+    b.norm(p + "ffn_norm.weight", D, S::FfnNorm);
 
     const std::string a = p + "attn.";
-    b.add(a + "attn_sink", {H}, WeightClass::F32);
-    b.add(a + "wq_a.weight", {c.q_rank, D}, WeightClass::Fp8Linear);
-    b.add(a + "q_norm.weight", {c.q_rank}, WeightClass::BF16);
-    b.add(a + "wq_b.weight", {H * hd, c.q_rank}, WeightClass::Fp8Linear);
-    b.add(a + "wkv.weight", {hd, D}, WeightClass::Fp8Linear);
-    b.add(a + "kv_norm.weight", {hd}, WeightClass::BF16);
-    b.add(a + "wo_a.weight", {int64_t{c.o_groups} * c.o_rank, H * hd / c.o_groups},
-          WeightClass::Fp8Linear);
-    b.add(a + "wo_b.weight", {D, int64_t{c.o_groups} * c.o_rank}, WeightClass::Fp8Linear);
+    b.add(a + "attn_sink", {H}, C::F32, S::Sink, {0.0, 1.0});
+    b.linear(a + "wq_a.weight", c.q_rank, D, C::Fp8Linear, S::WqA);
+    b.norm(a + "q_norm.weight", c.q_rank, S::QNorm);
+    b.linear(a + "wq_b.weight", H * hd, c.q_rank, C::Fp8Linear, S::WqB);
+    b.linear(a + "wkv.weight", hd, D, C::Fp8Linear, S::Wkv);
+    b.norm(a + "kv_norm.weight", hd, S::KvNorm);
+    b.linear(a + "wo_a.weight", int64_t{c.o_groups} * c.o_rank, H * hd / c.o_groups, C::Fp8Linear,
+             S::WoA);
+    b.linear(a + "wo_b.weight", D, int64_t{c.o_groups} * c.o_rank, C::Fp8Linear, S::WoB);
     const AttnType t = c.layer_types.at(i);
     if (t != AttnType::Sliding)
-        add_compressor(b, a + "compressor.", D, hd, c.ratio(i), t == AttnType::CSA);
+        add_compressor(b, a + "compressor.", D, hd, c.ratio(i), t == AttnType::CSA, false);
     if (t == AttnType::CSA) {
         const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-        b.add(a + "indexer.wq_b.weight", {nI * dI, c.q_rank}, WeightClass::Fp8Linear);
-        b.add(a + "indexer.weights_proj.weight", {nI, D}, WeightClass::BF16);
-        add_compressor(b, a + "indexer.compressor.", D, dI, c.csa_ratio, true);
+        b.linear(a + "indexer.wq_b.weight", nI * dI, c.q_rank, C::Fp8Linear, S::IdxWqB);
+        b.linear(a + "indexer.weights_proj.weight", nI, D, C::BF16, S::IdxWeightsProj);
+        add_compressor(b, a + "indexer.compressor.", D, dI, c.csa_ratio, true, true);
     }
 
     const std::string f = p + "ffn.";
-    b.add(f + "gate.weight", {c.n_experts, D}, WeightClass::BF16);
+    b.linear(f + "gate.weight", c.n_experts, D, C::BF16, S::Gate);
     if (c.mlp_types.at(i) == MlpType::Hash)
-        b.add(f + "gate.tid2eid", {c.vocab_size, c.top_k}, WeightClass::I64);
+        b.add(f + "gate.tid2eid", {c.vocab_size, c.top_k}, C::I64, S::Tid2eid, {});
     else
-        b.add(f + "gate.bias", {c.n_experts}, WeightClass::F32);
-    b.add(f + "shared_experts.w1.weight", {I, D}, WeightClass::Fp8Linear);
-    b.add(f + "shared_experts.w2.weight", {D, I}, WeightClass::Fp8Linear);
-    b.add(f + "shared_experts.w3.weight", {I, D}, WeightClass::Fp8Linear);
+        b.add(f + "gate.bias", {c.n_experts}, C::F32, S::GateBias, {0.0, 0.05});
+    add_expert(b, f + "shared_experts.", D, I, C::Fp8Linear);
     for (int e = 0; e < c.n_experts; ++e) {
         b.expert = e;
-        const std::string x = f + "experts." + std::to_string(e) + ".";
-        b.add(x + "w1.weight", {I, D}, WeightClass::Fp4Expert);
-        b.add(x + "w2.weight", {D, I}, WeightClass::Fp4Expert);
-        b.add(x + "w3.weight", {I, D}, WeightClass::Fp4Expert);
+        add_expert(b, f + "experts." + std::to_string(e) + ".", D, I, C::Fp4Expert);
     }
 }
 
@@ -110,13 +137,12 @@ std::vector<WeightSpec> layer_weight_specs(const ModelConfig& cfg, int layer) {
 std::vector<WeightSpec> weight_specs(const ModelConfig& cfg) {
     std::vector<WeightSpec> out;
     const int64_t D = cfg.d_model;
-    out.push_back({"embed.weight", {cfg.vocab_size, D}, WeightClass::BF16});
+    Builder top{out, -1};
+    top.add("embed.weight", {cfg.vocab_size, D}, C::BF16, S::Embed, {0.0, 1.0});
     for (int i = 0; i < cfg.n_layers; ++i) add_layer(cfg, i, out);
-    out.push_back({"norm.weight", {D}, WeightClass::BF16});
-    out.push_back({"head.weight", {cfg.vocab_size, D}, WeightClass::BF16});
-    out.push_back({"hc_head_fn", {cfg.hc, cfg.hc * D}, WeightClass::F32});
-    out.push_back({"hc_head_base", {cfg.hc}, WeightClass::F32});
-    out.push_back({"hc_head_scale", {1}, WeightClass::F32});
+    top.norm("norm.weight", D, S::Norm);
+    top.linear("head.weight", cfg.vocab_size, D, C::BF16, S::Head);
+    top.mhc("hc_head", cfg.hc, cfg.hc * D, 1, S::HcHeadFn, S::HcHeadBase, S::HcHeadScale);
     return out;
 }
 
@@ -139,8 +165,10 @@ const WeightSpec& WeightSpecTable::at(const std::string& canonical) const {
     return *s;
 }
 
-bool is_expert_weight(const WeightSpec& spec) {
-    return spec.expert >= 0 || spec.name.find(".shared_experts.") != std::string::npos;
+bool is_expert_weight(const WeightSpec& spec) { return spec.shard != Shard::Replicated; }
+
+bool is_gemm_weight(const WeightSpec& spec) {
+    return spec.shape.size() == 2 && spec.cls != WeightClass::F32 && spec.cls != WeightClass::I64;
 }
 
 }  // namespace cpfill

@@ -1,8 +1,13 @@
 // The one table of every weight of a DeepSeek-V4 model, derived from a ModelConfig: canonical
-// (official release) name, logical shape (as the forward pass uses it, after dequantisation) and
-// storage class in the official release (dsv4-architecture.md §6.2–§6.4). Which tensors exist
-// depends on the layer type (compressor on CSA/HCA, indexer on CSA) and on the MoE routing
-// (gate.bias on learned layers, gate.tid2eid on hash layers). MTP tensors are not listed.
+// (official release) name, logical shape (as the forward pass uses it, after dequantisation),
+// storage class in the official release (dsv4-architecture.md §6.2–§6.4), the field it fills in a
+// backend's weights (slot), how CP ranks hold it (shard) and the distribution random weights draw
+// from (init). Which tensors exist depends on the layer type (compressor on CSA/HCA, indexer on
+// CSA) and on the MoE routing (gate.bias on learned layers, gate.tid2eid on hash layers). MTP
+// tensors are not listed. Everything that walks a model's weights walks this table: the
+// checkpoint's shape checks, the CPU load (model/weights.cpp), the GPU upload and random weights
+// (model/cuda/gpu_weights.cu), the byte counts (model/weight_bytes.h), inspect and gen-model
+// (docs/loading.md, "One tensor table").
 #pragma once
 
 #include <string>
@@ -25,16 +30,80 @@ enum class WeightClass {
 };
 std::string_view weight_class_name(WeightClass c);  // "fp8", "fp4", "bf16", "f32", "i64"
 
+// The field a weight fills in a backend's weights (ModelWeights / LayerWeights on the CPU,
+// GpuWeights / GpuLayer on the GPU): each backend maps a slot to its storage in one place. The
+// compressor slots name the layer's KV compressor; the Idx* slots the CSA indexer's. W1 / W2 / W3
+// are an expert's SwiGLU matrices: of routed expert `expert`, or of the shared expert (expert −1).
+enum class WeightSlot : uint8_t {
+    Embed,
+    Norm,
+    Head,
+    HcHeadFn,
+    HcHeadBase,
+    HcHeadScale,  // top level
+    HcAttnFn,
+    HcAttnBase,
+    HcAttnScale,
+    HcFfnFn,
+    HcFfnBase,
+    HcFfnScale,
+    AttnNorm,
+    FfnNorm,
+    Sink,
+    WqA,
+    QNorm,
+    WqB,
+    Wkv,
+    KvNorm,
+    WoA,
+    WoB,
+    CompWkv,
+    CompWgate,
+    CompApe,
+    CompNorm,
+    IdxWqB,
+    IdxWeightsProj,
+    IdxCompWkv,
+    IdxCompWgate,
+    IdxCompApe,
+    IdxCompNorm,
+    Gate,
+    GateBias,
+    Tid2eid,
+    W1,
+    W2,
+    W3,
+};
+
+// How the ranks of a CP group hold a weight (docs/parallel.md): attention, norms, router and head
+// replicated; every expert (routed and shared) sliced over its hidden width, rank r of C holding
+// units [moe_dim·r/C, moe_dim·(r+1)/C) (slice_width in model/weights.h): rows of w1 / w3, columns
+// of w2.
+enum class Shard : uint8_t { Replicated, HiddenRows, HiddenCols };
+
+// Random weights (gen-model, bench) draw each value as mean + std · N(0, 1), or a uniform of the
+// same mean and deviation.
+struct WeightInit {
+    double mean = 0.0, std = 1.0;
+};
+
 struct WeightSpec {
     std::string name;  // canonical name: embed.weight, layers.3.attn.wq_a.weight, ...
     Shape shape;       // logical shape: [out, in] for linears
     WeightClass cls;
     int layer = -1;   // -1 for the top-level tensors
-    int expert = -1;  // routed expert index, -1 otherwise
+    int expert = -1;  // routed expert index, -1 otherwise (also for the shared expert)
+    WeightSlot slot = WeightSlot::Embed;
+    Shard shard = Shard::Replicated;
+    WeightInit init;
 };
 
 // A routed or shared expert's w1 / w2 / w3: the weights that CP ranks slice instead of replicate.
 bool is_expert_weight(const WeightSpec& spec);
+// A matrix that multiplies activations in a GEMM (the linears, embed, head, router gate): what the
+// GPU holds in bf16 (or fp8); every other weight (norms, mHC, sinks, position biases, router
+// bias) stays f32 there, tid2eid int64.
+bool is_gemm_weight(const WeightSpec& spec);
 
 // Every weight in a fixed order: embed, then per layer (hc, norms, attention, compressor, indexer,
 // gate, shared expert, routed experts), then norm, head, hc_head.

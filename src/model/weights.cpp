@@ -23,16 +23,6 @@ namespace cpfill {
 
 namespace {
 
-// The top-level tensors of `w` with their canonical names, in load order.
-std::array<std::pair<const char*, Tensor*>, 6> top_level(ModelWeights& w) {
-    return {{{"embed.weight", &w.embed},
-             {"head.weight", &w.head},
-             {"norm.weight", &w.norm},
-             {"hc_head_fn", &w.hc_head_fn},
-             {"hc_head_base", &w.hc_head_base},
-             {"hc_head_scale", &w.hc_head_scale}}};
-}
-
 // Rows [begin, end) of a 2-D tensor.
 Tensor row_slice(const Tensor& t, int64_t begin, int64_t end) {
     const int64_t cols = t.dim(1);
@@ -64,58 +54,124 @@ void load_swiglu(const Checkpoint& ck, const std::string& prefix, const ExpertSl
     w2 = col_slice(ck.get_f32(prefix + "w2.weight"), b, e);
 }
 
-CompressorWeights load_compressor(const Checkpoint& ck, const std::string& p) {
-    return {ck.get_f32(p + "wkv.weight"), ck.get_f32(p + "wgate.weight"), ck.get_f32(p + "ape"),
-            ck.get_f32(p + "norm.weight")};
+// The prefix of an expert's tensor names ("layers.3.ffn.experts.7."), from its w1 / w2 / w3 name.
+std::string expert_prefix(const WeightSpec& spec) {
+    return spec.name.substr(0, spec.name.size() - std::string_view("w1.weight").size());
 }
 
-MhcWeights load_mhc(const Checkpoint& ck, const std::string& p) {
-    return {ck.get_f32(p + "_fn"), ck.get_f32(p + "_base"), ck.get_f32(p + "_scale")};
-}
-
-LayerWeights load_layer(const Checkpoint& ck, const ModelConfig& cfg, int i,
-                        const ExpertSlice& slice) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    LayerWeights L;
+// Layer metadata and the per-expert vectors sized; the tensors stay empty.
+void init_layer(LayerWeights& L, const ModelConfig& cfg, int i) {
     L.type = cfg.layer_types[i];
     L.mlp = cfg.mlp_types[i];
-    L.hc_attn = load_mhc(ck, p + "hc_attn");
-    L.hc_ffn = load_mhc(ck, p + "hc_ffn");
-    L.attn_norm = ck.get_f32(p + "attn_norm.weight");
-    L.ffn_norm = ck.get_f32(p + "ffn_norm.weight");
-    AttentionWeights& a = L.attn;
-    const std::string pa = p + "attn.";
-    a.wq_a = ck.get_f32(pa + "wq_a.weight");
-    a.q_norm = ck.get_f32(pa + "q_norm.weight");
-    a.wq_b = ck.get_f32(pa + "wq_b.weight");
-    a.wkv = ck.get_f32(pa + "wkv.weight");
-    a.kv_norm = ck.get_f32(pa + "kv_norm.weight");
-    a.wo_a = ck.get_f32(pa + "wo_a.weight");
-    a.wo_b = ck.get_f32(pa + "wo_b.weight");
-    a.sink = ck.get_f32(pa + "attn_sink");
-    if (L.type != AttnType::Sliding) a.compressor = load_compressor(ck, pa + "compressor.");
-    if (L.type == AttnType::CSA) {
-        a.idx_wq_b = ck.get_f32(pa + "indexer.wq_b.weight");
-        a.idx_weights_proj = ck.get_f32(pa + "indexer.weights_proj.weight");
-        a.idx_compressor = load_compressor(ck, pa + "indexer.compressor.");
-    }
-    MoeWeights& m = L.moe;
-    const std::string pf = p + "ffn.";
-    m.gate = ck.get_f32(pf + "gate.weight");
-    if (L.mlp == MlpType::Hash)
-        m.tid2eid = ck.get_i64(pf + "gate.tid2eid");
-    else
-        m.gate_bias = ck.get_f32(pf + "gate.bias");
-    m.w13.resize(cfg.n_experts);
-    m.w2.resize(cfg.n_experts);
-    for (int e = 0; e < cfg.n_experts; ++e)
-        load_swiglu(ck, pf + "experts." + std::to_string(e) + ".", slice, cfg.moe_dim, m.w13[e],
-                    m.w2[e]);
-    load_swiglu(ck, pf + "shared_experts.", slice, cfg.moe_dim, m.shared_w13, m.shared_w2);
-    return L;
+    L.moe.w13.resize(cfg.n_experts);
+    L.moe.w2.resize(cfg.n_experts);
 }
 
 }  // namespace
+
+Tensor* tensor_slot(ModelWeights& w, const WeightSpec& spec) {
+    using S = WeightSlot;
+    if (spec.layer < 0) {
+        switch (spec.slot) {
+            case S::Embed:
+                return &w.embed;
+            case S::Norm:
+                return &w.norm;
+            case S::Head:
+                return &w.head;
+            case S::HcHeadFn:
+                return &w.hc_head_fn;
+            case S::HcHeadBase:
+                return &w.hc_head_base;
+            case S::HcHeadScale:
+                return &w.hc_head_scale;
+            default:
+                break;
+        }
+        CPFILL_FAIL("weight {}: no top-level field for its slot", spec.name);
+    }
+    CPFILL_CHECK(spec.layer < static_cast<int>(w.layers.size()),
+                 "weight {}: the weights hold {} layers", spec.name, w.layers.size());
+    return tensor_slot(w.layers[spec.layer], spec);
+}
+
+Tensor* tensor_slot(LayerWeights& L, const WeightSpec& spec) {
+    using S = WeightSlot;
+    AttentionWeights& a = L.attn;
+    MoeWeights& m = L.moe;
+    switch (spec.slot) {
+        case S::HcAttnFn:
+            return &L.hc_attn.fn;
+        case S::HcAttnBase:
+            return &L.hc_attn.base;
+        case S::HcAttnScale:
+            return &L.hc_attn.scale;
+        case S::HcFfnFn:
+            return &L.hc_ffn.fn;
+        case S::HcFfnBase:
+            return &L.hc_ffn.base;
+        case S::HcFfnScale:
+            return &L.hc_ffn.scale;
+        case S::AttnNorm:
+            return &L.attn_norm;
+        case S::FfnNorm:
+            return &L.ffn_norm;
+        case S::Sink:
+            return &a.sink;
+        case S::WqA:
+            return &a.wq_a;
+        case S::QNorm:
+            return &a.q_norm;
+        case S::WqB:
+            return &a.wq_b;
+        case S::Wkv:
+            return &a.wkv;
+        case S::KvNorm:
+            return &a.kv_norm;
+        case S::WoA:
+            return &a.wo_a;
+        case S::WoB:
+            return &a.wo_b;
+        case S::CompWkv:
+            return &a.compressor.wkv;
+        case S::CompWgate:
+            return &a.compressor.wgate;
+        case S::CompApe:
+            return &a.compressor.ape;
+        case S::CompNorm:
+            return &a.compressor.norm;
+        case S::IdxWqB:
+            return &a.idx_wq_b;
+        case S::IdxWeightsProj:
+            return &a.idx_weights_proj;
+        case S::IdxCompWkv:
+            return &a.idx_compressor.wkv;
+        case S::IdxCompWgate:
+            return &a.idx_compressor.wgate;
+        case S::IdxCompApe:
+            return &a.idx_compressor.ape;
+        case S::IdxCompNorm:
+            return &a.idx_compressor.norm;
+        case S::Gate:
+            return &m.gate;
+        case S::GateBias:
+            return &m.gate_bias;
+        case S::Tid2eid:
+            return &m.tid2eid;
+        case S::W1:
+        case S::W3: {  // both halves of [w1; w3]
+            const int e = spec.expert;
+            return e < 0 ? &m.shared_w13 : e < static_cast<int>(m.w13.size()) ? &m.w13[e] : nullptr;
+        }
+        case S::W2: {
+            const int e = spec.expert;
+            return e < 0 ? &m.shared_w2 : e < static_cast<int>(m.w2.size()) ? &m.w2[e] : nullptr;
+        }
+        default:
+            break;
+    }
+    CPFILL_FAIL("weight {}: no layer field for its slot", spec.name);
+}
 
 ModelWeights load_weights(const Checkpoint& ck, ExpertSlice slice) {
     const ModelConfig& cfg = ck.config();
@@ -127,8 +183,19 @@ ModelWeights load_weights(const Checkpoint& ck, ExpertSlice slice) {
     ModelWeights w;
     w.cfg = cfg;
     w.slice = slice;
-    for (const auto& [name, t] : top_level(w)) *t = ck.get_f32(name);
-    for (int i = 0; i < cfg.n_layers; ++i) w.layers.push_back(load_layer(ck, cfg, i, slice));
+    w.layers.resize(cfg.n_layers);
+    for (int i = 0; i < cfg.n_layers; ++i) init_layer(w.layers[i], cfg, i);
+    for (const WeightSpec& spec : ck.specs().all()) {
+        if (spec.shard == Shard::Replicated) {
+            *tensor_slot(w, spec) =
+                spec.cls == WeightClass::I64 ? ck.get_i64(spec.name) : ck.get_f32(spec.name);
+        } else if (spec.slot == WeightSlot::W1) {  // w1, w3 and w2 of this expert at once
+            MoeWeights& m = w.layers[spec.layer].moe;
+            const int e = spec.expert;
+            load_swiglu(ck, expert_prefix(spec), slice, cfg.moe_dim,
+                        e < 0 ? m.shared_w13 : m.w13[e], e < 0 ? m.shared_w2 : m.w2[e]);
+        }
+    }
     return w;
 }
 
@@ -306,69 +373,36 @@ class LoadPlan {
     size_t prefetched_ = 0;  // tasks [0, prefetched_) have been prefetched (under prefetch_mu_)
 };
 
-CompressorWeights plan_compressor(LoadPlan& p, const std::string& pre) {
-    return {p.whole(pre + "wkv.weight"), p.whole(pre + "wgate.weight"), p.whole(pre + "ape"),
-            p.whole(pre + "norm.weight")};
-}
-
-MhcWeights plan_mhc(LoadPlan& p, const std::string& pre) {
-    return {p.whole(pre + "_fn"), p.whole(pre + "_base"), p.whole(pre + "_scale")};
-}
-
-// Layer i without its experts (the tensors every rank shares), planned into `L` (which must stay
-// where it is until the plan has run: tid2eid is written into it).
-void plan_dense_layer(LoadPlan& p, const ModelConfig& cfg, int i, LayerWeights& L) {
-    const std::string pre = "layers." + std::to_string(i) + ".";
-    L.type = cfg.layer_types[i];
-    L.mlp = cfg.mlp_types[i];
-    L.hc_attn = plan_mhc(p, pre + "hc_attn");
-    L.hc_ffn = plan_mhc(p, pre + "hc_ffn");
-    L.attn_norm = p.whole(pre + "attn_norm.weight");
-    L.ffn_norm = p.whole(pre + "ffn_norm.weight");
-    AttentionWeights& a = L.attn;
-    const std::string pa = pre + "attn.";
-    a.wq_a = p.whole(pa + "wq_a.weight");
-    a.q_norm = p.whole(pa + "q_norm.weight");
-    a.wq_b = p.whole(pa + "wq_b.weight");
-    a.wkv = p.whole(pa + "wkv.weight");
-    a.kv_norm = p.whole(pa + "kv_norm.weight");
-    a.wo_a = p.whole(pa + "wo_a.weight");
-    a.wo_b = p.whole(pa + "wo_b.weight");
-    a.sink = p.whole(pa + "attn_sink");
-    if (L.type != AttnType::Sliding) a.compressor = plan_compressor(p, pa + "compressor.");
-    if (L.type == AttnType::CSA) {
-        a.idx_wq_b = p.whole(pa + "indexer.wq_b.weight");
-        a.idx_weights_proj = p.whole(pa + "indexer.weights_proj.weight");
-        a.idx_compressor = plan_compressor(p, pa + "indexer.compressor.");
+// Every replicated (non-expert) weight of `part` into `dense` (which must stay where it is until
+// the plan has run: tid2eid is written into it).
+void plan_dense(LoadPlan& p, const Checkpoint& ck, const LoadPart& part, ModelWeights& dense) {
+    for (const WeightSpec& spec : ck.specs().all()) {
+        if (spec.shard != Shard::Replicated) continue;
+        if (spec.layer < 0 ? !part.top : !part.has_layer(spec.layer)) continue;
+        Tensor* t = tensor_slot(dense, spec);
+        if (spec.cls == WeightClass::I64)
+            p.integers(spec.name, t);
+        else
+            *t = p.whole(spec.name);
     }
-    MoeWeights& m = L.moe;
-    const std::string pf = pre + "ffn.";
-    m.gate = p.whole(pf + "gate.weight");
-    if (L.mlp == MlpType::Hash)
-        p.integers(pf + "gate.tid2eid", &m.tid2eid);
-    else
-        m.gate_bias = p.whole(pf + "gate.bias");
 }
 
-// Every rank's slice of layer i's shared and routed experts; the ranks' reads of one expert are
-// planned next to each other, so they touch the same stored pages one after another.
-void plan_experts(LoadPlan& p, const ModelConfig& cfg, int i, std::vector<ModelWeights>& ranks) {
-    const std::string pf = "layers." + std::to_string(i) + ".ffn.";
-    for (ModelWeights& w : ranks) {
-        w.layers[i].moe.w13.resize(cfg.n_experts);
-        w.layers[i].moe.w2.resize(cfg.n_experts);
-    }
-    for (int e = -1; e < cfg.n_experts; ++e) {  // -1: the shared expert
-        const std::string pre =
-            e < 0 ? pf + "shared_experts." : pf + "experts." + std::to_string(e) + ".";
+// Every rank's slice of the shared and routed experts of the layers of `part`; the ranks' reads of
+// one expert are planned next to each other, so they touch the same stored pages one after
+// another.
+void plan_experts(LoadPlan& p, const Checkpoint& ck, const LoadPart& part,
+                  std::vector<ModelWeights>& ranks) {
+    const ModelConfig& cfg = ck.config();
+    for (const WeightSpec& spec : ck.specs().all()) {
+        if (spec.shard == Shard::Replicated || spec.slot == WeightSlot::W3) continue;  // W3: in W1
+        if (!part.has_layer(spec.layer)) continue;
         for (ModelWeights& w : ranks) {
             // Slice r of C holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C), as in
             // slice_experts.
             const int r = w.slice.part, C = w.slice.parts;
             const int64_t b = cfg.moe_dim * r / C, end = cfg.moe_dim * (r + 1) / C;
-            MoeWeights& m = w.layers[i].moe;
-            (e < 0 ? m.shared_w13 : m.w13[e]) = p.w13(pre, b, end);
-            (e < 0 ? m.shared_w2 : m.w2[e]) = p.w2(pre, b, end);
+            *tensor_slot(w, spec) = spec.slot == WeightSlot::W1 ? p.w13(expert_prefix(spec), b, end)
+                                                                : p.w2(expert_prefix(spec), b, end);
         }
     }
 }
@@ -485,14 +519,12 @@ std::vector<ModelWeights> load_rank_weights(const Checkpoint& ck, int cp_size,
     ModelWeights dense;
     dense.cfg = cfg;
     dense.layers.resize(cfg.n_layers);
-    if (part.top)
-        for (const auto& [name, t] : top_level(dense)) *t = plan.whole(name);
     for (int i = 0; i < cfg.n_layers; ++i)
-        if (part.has_layer(i)) plan_dense_layer(plan, cfg, i, dense.layers[i]);
+        if (part.has_layer(i)) init_layer(dense.layers[i], cfg, i);
+    plan_dense(plan, ck, part, dense);
     std::vector<ModelWeights> ranks(which.size(), dense);  // dense tensors shared, not copied
     for (size_t k = 0; k < which.size(); ++k) ranks[k].slice = {which[k], cp_size};
-    for (int i = 0; i < cfg.n_layers; ++i)
-        if (part.has_layer(i)) plan_experts(plan, cfg, i, ranks);
+    plan_experts(plan, ck, part, ranks);
 
     const size_t stored =
         plan.run(opt.threads > 0 ? opt.threads : default_thread_count(), opt.progress, opt.bar);
@@ -532,17 +564,12 @@ LoadStats load_rank_weights_in_parts(
 
 size_t ModelWeights::bytes() const {
     size_t n = 0;
-    for (const Tensor* t : {&embed, &head, &norm, &hc_head_fn})
-        if (t->defined()) n += t->nbytes();
-    for (const auto& L : layers) {
-        for (const Tensor* t :
-             {&L.hc_attn.fn, &L.hc_ffn.fn, &L.attn.wq_a, &L.attn.wq_b, &L.attn.wkv, &L.attn.wo_a,
-              &L.attn.wo_b, &L.attn.compressor.wkv, &L.attn.compressor.wgate, &L.attn.idx_wq_b,
-              &L.attn.idx_weights_proj, &L.attn.idx_compressor.wkv, &L.attn.idx_compressor.wgate,
-              &L.moe.gate, &L.moe.shared_w13, &L.moe.shared_w2})
-            if (t->defined()) n += t->nbytes();
-        for (const auto& t : L.moe.w13) n += t.nbytes();
-        for (const auto& t : L.moe.w2) n += t.nbytes();
+    auto& self = const_cast<ModelWeights&>(*this);  // tensor_slot only looks
+    for (const WeightSpec& spec : weight_specs(cfg)) {
+        if (spec.slot == WeightSlot::W3) continue;
+        if (spec.layer >= static_cast<int>(layers.size())) continue;
+        const Tensor* t = tensor_slot(self, spec);  // W1: [w1; w3] together
+        if (t && t->defined()) n += t->nbytes();
     }
     return n;
 }

@@ -78,8 +78,16 @@ struct ModelWeights {
     Tensor hc_head_fn, hc_head_base, hc_head_scale;  // [hc, hc · d_model], [hc], [1]
     std::vector<LayerWeights> layers;
 
-    size_t bytes() const;  // fp32 bytes held
+    size_t bytes() const;  // host bytes held: every weight in the table (fp32, tid2eid int64)
 };
+
+struct WeightSpec;
+
+// The tensor that weight `spec` fills in `w` (weight_specs order and names, io/weight_specs.h): the
+// one map from the table's slots to the CPU backend's fields. An expert's w1 and w3 both map to
+// its [w1; w3] tensor (w13), w2 to its w2; nullptr for a routed expert beyond the sized vectors.
+Tensor* tensor_slot(ModelWeights& w, const WeightSpec& spec);
+Tensor* tensor_slot(LayerWeights& layer, const WeightSpec& spec);  // a weight of that layer
 
 // Single-threaded: every tensor read whole, experts sliced after reading (the simple reference).
 ModelWeights load_weights(const Checkpoint& ckpt, ExpertSlice slice = {});

@@ -83,9 +83,7 @@ struct GpuMemoryPlan {
 };
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits);
-// The `weights` part alone: a rank's bf16 weights on C ranks (needs no GPU, unlike the workspace,
-// whose CUB buffers are sized by the device).
-size_t gpu_weight_bytes(const ModelConfig& cfg, int cp);
+// The `weights` part alone needs no GPU: gpu_weight_bytes (model/weight_bytes.h).
 
 // Ceilings measured on this machine (performance.md): bf16 GEMM 8192³ through cuBLASLt,
 // device-to-device copy (read + write bytes / s) and, with ≥ 2 GPUs, NCCL all-gather bus bandwidth

@@ -27,7 +27,6 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>&, const GpuR
     no_cuda();
 }
 GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool) { no_cuda(); }
-size_t gpu_weight_bytes(const ModelConfig&, int) { no_cuda(); }
 GpuCeilings measure_gpu_ceilings() { no_cuda(); }
 
 }  // namespace cpfill

@@ -1,17 +1,17 @@
-// GpuWeights: upload from host fp32 weights, or generation on the device.
+// GpuWeights: upload from host fp32 weights, or generation on the device, both walking the weight
+// table (io/weight_specs.h).
 #include <cmath>
 #include <string>
 
 #include "core/dtype.h"
 #include "model/cuda/gpu_weights.h"
+#include "model/weight_bytes.h"
 #include "ops/rope.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::cuda {
 
 namespace {
-
-enum class Kind { Bf16, F32 };
 
 // Uniform in [mean − √3·std, mean + √3·std] (the normal's mean and deviation), from a counter hash.
 __device__ inline float hashed_uniform(uint64_t seed, uint64_t i) {
@@ -50,61 +50,148 @@ uint64_t mix(uint64_t seed, uint64_t salt) {
     return z ^ (z >> 29);
 }
 
-// Builds one device tensor: from `host` (f32, checked against `shape`) or at random.
+uint64_t name_hash(std::string_view name) {  // FNV-1a: a tensor's random stream, by name
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (char ch : name) h = (h ^ static_cast<uint8_t>(ch)) * 0x100000001B3ull;
+    return h;
+}
+
+// The device buffer that weight `spec` fills: the one map from the table's slots to GpuLayer's
+// fields (the routed experts' w13 / w2 are one buffer per layer, built apart).
+DeviceBuffer& gpu_slot(GpuLayer& g, const WeightSpec& spec) {
+    using S = WeightSlot;
+    switch (spec.slot) {
+        case S::HcAttnFn:
+            return g.hc_attn.fn;
+        case S::HcAttnBase:
+            return g.hc_attn.base;
+        case S::HcAttnScale:
+            return g.hc_attn.scale;
+        case S::HcFfnFn:
+            return g.hc_ffn.fn;
+        case S::HcFfnBase:
+            return g.hc_ffn.base;
+        case S::HcFfnScale:
+            return g.hc_ffn.scale;
+        case S::AttnNorm:
+            return g.attn_norm;
+        case S::FfnNorm:
+            return g.ffn_norm;
+        case S::Sink:
+            return g.sink;
+        case S::WqA:
+            return g.wq_a;
+        case S::QNorm:
+            return g.q_norm;
+        case S::WqB:
+            return g.wq_b;
+        case S::Wkv:
+            return g.wkv;
+        case S::KvNorm:
+            return g.kv_norm;
+        case S::WoA:
+            return g.wo_a;
+        case S::WoB:
+            return g.wo_b;
+        case S::CompWkv:
+            return g.comp.wkv;
+        case S::CompWgate:
+            return g.comp.wgate;
+        case S::CompApe:
+            return g.comp.ape;
+        case S::CompNorm:
+            return g.comp.norm;
+        case S::IdxWqB:
+            return g.idx_wq_b;
+        case S::IdxWeightsProj:
+            return g.idx_weights_proj;
+        case S::IdxCompWkv:
+            return g.idx_comp.wkv;
+        case S::IdxCompWgate:
+            return g.idx_comp.wgate;
+        case S::IdxCompApe:
+            return g.idx_comp.ape;
+        case S::IdxCompNorm:
+            return g.idx_comp.norm;
+        case S::Gate:
+            return g.gate;
+        case S::GateBias:
+            return g.gate_bias;
+        case S::Tid2eid:
+            return g.tid2eid;
+        case S::W1:
+        case S::W3:
+            if (spec.expert < 0) return g.shared_w13;
+            break;
+        case S::W2:
+            if (spec.expert < 0) return g.shared_w2;
+            break;
+        default:
+            break;
+    }
+    CPFILL_FAIL("weight {}: no GPU layer field for its slot", spec.name);
+}
+
+DeviceBuffer& gpu_top_slot(GpuWeights& g, const WeightSpec& spec) {
+    switch (spec.slot) {
+        case WeightSlot::Embed:
+            return g.embed;
+        case WeightSlot::Norm:
+            return g.norm;
+        case WeightSlot::Head:
+            return g.head;
+        case WeightSlot::HcHeadFn:
+            return g.hc_head_fn;
+        case WeightSlot::HcHeadBase:
+            return g.hc_head_base;
+        case WeightSlot::HcHeadScale:
+            return g.hc_head_scale;
+        default:
+            break;
+    }
+    CPFILL_FAIL("weight {}: no top-level GPU field for its slot", spec.name);
+}
+
+// Builds device tensors at the table's GPU dtype (model/weight_bytes.h): from host f32 (checked
+// against the rank's element count) or at random from the table's distribution, generated on the
+// device from (seed, tensor name), so the same seed gives the same weights on every rank.
 class Builder {
   public:
     Builder(uint64_t seed, size_t* bytes) : seed_(seed), bytes_(bytes) {}
-    void operator()(DeviceBuffer& dst, Kind kind, const Shape& shape, const Tensor* host,
-                    float mean, float stddev) {
-        int64_t n = 1;
-        for (int64_t s : shape) n *= s;
-        const uint64_t salt = counter_++;
+    // `n` elements of `dtype` (bf16 or f32) named `name`, from `host` or drawn from `init`.
+    void fill(DeviceBuffer& dst, DType dtype, int64_t n, const std::string& name,
+              const Tensor* host, WeightInit init) {
+        const bool bf16 = dtype == DType::BF16;
         if (host) {
-            CPFILL_CHECK(host->numel() == n, "weight {}: {} values for shape {} on the GPU", salt,
+            CPFILL_CHECK(host->numel() == n, "weight {}: {} values for {} on the GPU", name,
                          host->numel(), n);
-            dst = kind == Kind::Bf16 ? upload_bf16(host->f32(), n) : upload_f32(host->f32(), n);
+            dst = bf16 ? upload_bf16(host->f32(), n) : upload_f32(host->f32(), n);
         } else {
-            dst = DeviceBuffer(n * (kind == Kind::Bf16 ? 2 : 4));
+            dst = DeviceBuffer(n * (bf16 ? 2 : 4));
             if (n) {
                 const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 8192));
-                fill_kernel<<<blocks, 256>>>(dst.as<void>(), kind == Kind::Bf16, n,
-                                             mix(seed_, salt), mean, stddev * std::sqrt(3.0f));
+                fill_kernel<<<blocks, 256>>>(dst.as<void>(), bf16, n, mix(seed_, name_hash(name)),
+                                             static_cast<float>(init.mean),
+                                             static_cast<float>(init.std * std::sqrt(3.0)));
                 CPFILL_CUDA_CHECK(cudaGetLastError());
             }
         }
         *bytes_ += dst.bytes();
     }
-    // A linear [out, in]: normal(0, 1/√in) scale.
-    void linear(DeviceBuffer& dst, int64_t out, int64_t in, const Tensor* host) {
-        (*this)(dst, Kind::Bf16, {out, in}, host, 0.0f, 1.0f / std::sqrt(float(in)));
+    // Weight `spec` of a rank with expert slice `slice`.
+    void operator()(DeviceBuffer& dst, const WeightSpec& spec, const ModelConfig& cfg,
+                    ExpertSlice slice, const Tensor* host) {
+        fill(dst, gpu_dtype(spec), rank_numel(spec, cfg, slice), spec.name, host, spec.init);
     }
-    void norm(DeviceBuffer& dst, int64_t n, const Tensor* host) {
-        (*this)(dst, Kind::F32, {n}, host, 1.0f, 0.1f);
-    }
+    uint64_t seed() const { return seed_; }
+    size_t* bytes() const { return bytes_; }
 
   private:
     uint64_t seed_;
     size_t* bytes_;
-    uint64_t counter_ = 0;
 };
 
 const Tensor* opt(const Tensor* t) { return t && t->defined() ? t : nullptr; }
-
-void build_mhc(Builder& b, GpuMhc& m, const ModelConfig& cfg, const MhcWeights* h) {
-    const int64_t mix_n = int64_t{2 + cfg.hc} * cfg.hc, in = int64_t{cfg.hc} * cfg.d_model;
-    b(m.fn, Kind::F32, {mix_n, in}, h ? &h->fn : nullptr, 0.0f, 0.5f / std::sqrt(float(in)));
-    b(m.base, Kind::F32, {mix_n}, h ? &h->base : nullptr, 0.0f, 0.3f);
-    b(m.scale, Kind::F32, {3}, h ? &h->scale : nullptr, 1.0f, 0.1f);
-}
-
-void build_compressor(Builder& b, GpuCompressor& c, const ModelConfig& cfg, int ratio, int64_t dim,
-                      bool overlap, const CompressorWeights* h) {
-    const int64_t w = (overlap ? 2 : 1) * dim;
-    b.linear(c.wkv, w, cfg.d_model, h ? &h->wkv : nullptr);
-    b.linear(c.wgate, w, cfg.d_model, h ? &h->wgate : nullptr);
-    b(c.ape, Kind::F32, {ratio, w}, h ? &h->ape : nullptr, 0.0f, 0.5f);
-    b.norm(c.norm, dim, h ? &h->norm : nullptr);
-}
 
 // Concatenates per-expert host slices into one device buffer.
 void upload_experts(DeviceBuffer& dst, const std::vector<Tensor>& parts, int64_t per,
@@ -119,75 +206,63 @@ void upload_experts(DeviceBuffer& dst, const std::vector<Tensor>& parts, int64_t
     *bytes += dst.bytes();
 }
 
-void build_layer(Builder& b, GpuLayer& g, const ModelConfig& cfg, int li, int64_t width,
-                 const LayerWeights* h, size_t* bytes, uint64_t seed) {
+// tid2eid [vocab, top_k]: checked and copied from the host, or distinct experts per row at random.
+void build_tid2eid(DeviceBuffer& dst, const ModelConfig& cfg, int li, const Tensor* host,
+                   uint64_t seed, size_t* bytes) {
+    const int64_t rows = cfg.vocab_size, k = cfg.top_k, E = cfg.n_experts;
+    dst = DeviceBuffer(rows * k * 8);
+    if (host) {
+        const int64_t* ids = host->data<int64_t>();
+        for (int64_t i = 0; i < rows * k; ++i)
+            CPFILL_CHECK(ids[i] >= 0 && ids[i] < E,
+                         "layer {} tid2eid[{}] names expert {}: expected 0 <= e < {}", li, i / k,
+                         ids[i], E);
+        CPFILL_CUDA_CHECK(cudaMemcpy(dst.as<void>(), ids, rows * k * 8, cudaMemcpyHostToDevice));
+    } else {
+        tid2eid_kernel<<<1024, 256>>>(dst.as<int64_t>(), rows, static_cast<int>(k),
+                                      static_cast<int>(E), mix(seed, 1000 + li));
+        CPFILL_CUDA_CHECK(cudaGetLastError());
+    }
+    *bytes += dst.bytes();
+}
+
+// Layer `li` from the weight table: every weight of the layer into its slot, from the host
+// weights `h` (a rank's, as load_rank_weights makes them) or at random when h is null. The routed
+// experts' slices go into one buffer per matrix: w13 [E, 2 · width, d_model], w2 [E, d_model,
+// width].
+void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h) {
+    const ModelConfig& cfg = gw.cfg;
+    GpuLayer& g = gw.layers[li];
     g.type = cfg.layer_types[li];
     g.mlp = cfg.mlp_types[li];
-    const int64_t D = cfg.d_model, d = cfg.head_dim, Hd = int64_t{cfg.n_heads} * d;
-    const int64_t E = cfg.n_experts;
-    build_mhc(b, g.hc_attn, cfg, h ? &h->hc_attn : nullptr);
-    build_mhc(b, g.hc_ffn, cfg, h ? &h->hc_ffn : nullptr);
-    b.norm(g.attn_norm, D, h ? &h->attn_norm : nullptr);
-    b.norm(g.ffn_norm, D, h ? &h->ffn_norm : nullptr);
-    const AttentionWeights* A = h ? &h->attn : nullptr;
-    b.linear(g.wq_a, cfg.q_rank, D, A ? &A->wq_a : nullptr);
-    b.norm(g.q_norm, cfg.q_rank, A ? &A->q_norm : nullptr);
-    b.linear(g.wq_b, Hd, cfg.q_rank, A ? &A->wq_b : nullptr);
-    b.linear(g.wkv, d, D, A ? &A->wkv : nullptr);
-    b.norm(g.kv_norm, d, A ? &A->kv_norm : nullptr);
-    b.linear(g.wo_a, int64_t{cfg.o_groups} * cfg.o_rank, Hd / cfg.o_groups, A ? &A->wo_a : nullptr);
-    b.linear(g.wo_b, D, int64_t{cfg.o_groups} * cfg.o_rank, A ? &A->wo_b : nullptr);
-    b(g.sink, Kind::F32, {cfg.n_heads}, A ? &A->sink : nullptr, 0.0f, 1.0f);
-    if (g.type != AttnType::Sliding) {
-        const bool csa = g.type == AttnType::CSA;
-        build_compressor(b, g.comp, cfg, csa ? cfg.csa_ratio : cfg.hca_ratio, d, csa,
-                         A ? &A->compressor : nullptr);
-        if (csa) {
-            const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
-            build_compressor(b, g.idx_comp, cfg, cfg.csa_ratio, dI, true,
-                             A ? &A->idx_compressor : nullptr);
-            b.linear(g.idx_wq_b, nI * dI, cfg.q_rank, A ? &A->idx_wq_b : nullptr);
-            b.linear(g.idx_weights_proj, nI, D, A ? &A->idx_weights_proj : nullptr);
+    const int64_t D = cfg.d_model, E = cfg.n_experts, width = gw.width;
+    for (const WeightSpec& spec : layer_weight_specs(cfg, li)) {
+        const Tensor* host = h ? opt(tensor_slot(*h, spec)) : nullptr;
+        if (spec.slot == WeightSlot::Tid2eid) {
+            build_tid2eid(g.tid2eid, cfg, li, host, b.seed(), b.bytes());
+        } else if (spec.shard == Shard::Replicated) {
+            CPFILL_CHECK(!h || host, "upload: weight {} is missing from the host weights",
+                         spec.name);
+            b(gpu_slot(g, spec), spec, cfg, gw.slice, host);
+        } else if (spec.slot == WeightSlot::W3) {
+            continue;                  // uploaded with w1: [w1; w3]
+        } else if (spec.expert < 0) {  // the shared expert: [w1; w3] and w2
+            const int64_t n = (spec.slot == WeightSlot::W1 ? 2 : 1) * width * D;
+            b.fill(gpu_slot(g, spec), DType::BF16, n, spec.name, host, spec.init);
+        } else if (spec.expert == 0) {  // all routed experts at once
+            const bool w13 = spec.slot == WeightSlot::W1;
+            DeviceBuffer& dst = w13 ? g.w13 : g.w2;
+            const int64_t per = (w13 ? 2 : 1) * width * D;
+            if (h)
+                upload_experts(dst, w13 ? h->moe.w13 : h->moe.w2, per, b.bytes());
+            else
+                b.fill(dst, DType::BF16, E * per, spec.name, nullptr, spec.init);
         }
     }
-    const MoeWeights* M = h ? &h->moe : nullptr;
-    b.linear(g.gate, E, D, M ? &M->gate : nullptr);
-    if (g.mlp == MlpType::Learned)
-        b(g.gate_bias, Kind::F32, {E}, M ? opt(&M->gate_bias) : nullptr, 0.0f, 0.05f);
-    if (g.mlp == MlpType::Hash) {
-        const int64_t rows = cfg.vocab_size, k = cfg.top_k;
-        g.tid2eid = DeviceBuffer(rows * k * 8);
-        if (M) {
-            const int64_t* ids = M->tid2eid.data<int64_t>();
-            for (int64_t i = 0; i < rows * k; ++i)
-                CPFILL_CHECK(ids[i] >= 0 && ids[i] < E,
-                             "layer {} tid2eid[{}] names expert {}: expected 0 <= e < {}", li,
-                             i / k, ids[i], E);
-            CPFILL_CUDA_CHECK(
-                cudaMemcpy(g.tid2eid.as<void>(), ids, rows * k * 8, cudaMemcpyHostToDevice));
-        } else {
-            tid2eid_kernel<<<1024, 256>>>(g.tid2eid.as<int64_t>(), rows, static_cast<int>(k),
-                                          static_cast<int>(E), mix(seed, 1000 + li));
-            CPFILL_CUDA_CHECK(cudaGetLastError());
-        }
-        *bytes += g.tid2eid.bytes();
-    }
-    if (M) {
-        upload_experts(g.w13, M->w13, 2 * width * D, bytes);
-        upload_experts(g.w2, M->w2, D * width, bytes);
-    } else {
-        b(g.w13, Kind::Bf16, {E, 2 * width, D}, nullptr, 0.0f, 1.0f / std::sqrt(float(D)));
-        b(g.w2, Kind::Bf16, {E, D, width}, nullptr, 0.0f, 1.0f / std::sqrt(float(cfg.moe_dim)));
-    }
-    b(g.shared_w13, Kind::Bf16, {2 * width, D}, M ? &M->shared_w13 : nullptr, 0.0f,
-      1.0f / std::sqrt(float(D)));
-    b(g.shared_w2, Kind::Bf16, {D, width}, M ? &M->shared_w2 : nullptr, 0.0f,
-      1.0f / std::sqrt(float(cfg.moe_dim)));
 }
 
 // The checks, the top-level tensors and the RoPE tables; `layers` sized but empty.
-GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice,
-                     const ModelWeights* host) {
+GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice, ModelWeights* host) {
     CPFILL_CHECK(cfg.rope_main.attention_factor == 1.0 && cfg.rope_compress.attention_factor == 1.0,
                  "the CUDA backend needs RoPE attention_factor 1.0 (DeepSeek-V4 forces it); found "
                  "{} / {}",
@@ -198,17 +273,16 @@ GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice,
     g.cfg = cfg;
     g.slice = slice;
     g.width = slice_width(cfg.moe_dim, slice);
-    const int64_t D = cfg.d_model, V = cfg.vocab_size;
-    b(g.embed, Kind::Bf16, {V, D}, host ? &host->embed : nullptr, 0.0f, 1.0f);
-    b.linear(g.head, V, D, host ? &host->head : nullptr);
-    b.norm(g.norm, D, host ? &host->norm : nullptr);
-    b(g.hc_head_fn, Kind::F32, {cfg.hc, int64_t{cfg.hc} * D}, host ? &host->hc_head_fn : nullptr,
-      0.0f, 0.5f / std::sqrt(float(cfg.hc * D)));
-    b(g.hc_head_base, Kind::F32, {cfg.hc}, host ? &host->hc_head_base : nullptr, 0.0f, 0.3f);
-    b(g.hc_head_scale, Kind::F32, {1}, host ? &host->hc_head_scale : nullptr, 1.0f, 0.1f);
+    for (const WeightSpec& spec : weight_specs(cfg)) {
+        if (spec.layer >= 0) continue;
+        const Tensor* t = host ? opt(tensor_slot(*host, spec)) : nullptr;
+        CPFILL_CHECK(!host || t, "upload: weight {} is missing from the host weights", spec.name);
+        b(gpu_top_slot(g, spec), spec, cfg, slice, t);
+    }
     const ops::RopeTable main(cfg.rope_main, cfg.rope_dim), comp(cfg.rope_compress, cfg.rope_dim);
     g.inv_freq_main = upload_f32(main.inv_freq().data(), main.inv_freq().size());
     g.inv_freq_compress = upload_f32(comp.inv_freq().data(), comp.inv_freq().size());
+    *b.bytes() += g.inv_freq_main.bytes() + g.inv_freq_compress.bytes();
     g.layers.resize(cfg.n_layers);
     return g;
 }
@@ -218,7 +292,7 @@ GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice,
 GpuWeights upload_top(const ModelWeights& host) {
     size_t bytes = 0;
     Builder b(0, &bytes);
-    GpuWeights g = build_top(b, host.cfg, host.slice, &host);
+    GpuWeights g = build_top(b, host.cfg, host.slice, const_cast<ModelWeights*>(&host));
     g.bytes = bytes;
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
@@ -232,7 +306,7 @@ void upload_layer(GpuWeights& g, int li, const LayerWeights& host) {
                  "or another layer's)",
                  li);
     Builder b(0, &g.bytes);
-    build_layer(b, g.layers[li], g.cfg, li, g.width, &host, &g.bytes, 0);
+    build_layer(b, g, li, const_cast<LayerWeights*>(&host));  // tensor_slot only looks
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -246,8 +320,7 @@ GpuWeights random_weights(const ModelConfig& cfg, ExpertSlice slice, uint64_t se
     size_t bytes = 0;
     Builder b(seed, &bytes);
     GpuWeights g = build_top(b, cfg, slice, nullptr);
-    for (int li = 0; li < cfg.n_layers; ++li)
-        build_layer(b, g.layers[li], cfg, li, g.width, nullptr, &bytes, seed);
+    for (int li = 0; li < cfg.n_layers; ++li) build_layer(b, g, li, nullptr);
     g.bytes = bytes;
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "model/weight_bytes.h"
 #include "ops/cuda/gemm.h"
 #include "parallel/cuda/gpu_runner.h"
 #include "parallel/gpu_prefill.h"
@@ -231,7 +232,7 @@ void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
         // All of the model's weights must fit, checked before the first layer is read (with the
         // 512 MiB that run() keeps for cuBLAS, NCCL and CUB).
         const size_t reserve = size_t{512} << 20;
-        const size_t need = cuda::weight_bytes(w.cfg, cuda::slice_width(w.cfg.moe_dim, w.slice));
+        const size_t need = gpu_rank_weight_bytes(w.cfg, w.slice);
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
         if (need + reserve > free_b) {
@@ -286,8 +287,9 @@ int fitting_cp(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& 
     for (int c = 1; c <= 64; ++c) {
         if (cfg.moe_dim < c) break;
         const cuda::RunPlan p = cuda::make_run_plan(requests, cfg, c, opt.tbo);
-        const int64_t width = cuda::slice_width(cfg.moe_dim, ExpertSlice{0, c});
-        if (cuda::workspace_bytes(cfg, p, c, width, opt) + cuda::weight_bytes(cfg, width) <=
+        const ExpertSlice widest = widest_slice(cfg.moe_dim, c);
+        const int64_t width = slice_width(cfg.moe_dim, widest);
+        if (cuda::workspace_bytes(cfg, p, c, width, opt) + gpu_rank_weight_bytes(cfg, widest) <=
             capacity)
             return c;
     }
@@ -390,12 +392,6 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     return out;
 }
 
-size_t gpu_weight_bytes(const ModelConfig& cfg, int cp) {
-    CPFILL_CHECK(cp >= 1 && cp <= cfg.moe_dim, "--cp {}: expected 1 to {} (moe_intermediate_size)",
-                 cp, cfg.moe_dim);
-    return cuda::weight_bytes(cfg, cuda::slice_width(cfg.moe_dim, ExpertSlice{0, cp}));
-}
-
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits) {
     CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",
@@ -407,9 +403,10 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
     opt.tbo = tbo ? TboMode::On : TboMode::Off;
     opt.all_logits = all_logits;
     const cuda::RunPlan plan = cuda::make_run_plan(reqs, cfg, cp, opt.tbo);
-    const int64_t width = cuda::slice_width(cfg.moe_dim, ExpertSlice{0, cp});
+    const ExpertSlice widest = widest_slice(cfg.moe_dim, cp);
+    const int64_t width = slice_width(cfg.moe_dim, widest);
     GpuMemoryPlan p;
-    p.weights = cuda::weight_bytes(cfg, width);
+    p.weights = gpu_rank_weight_bytes(cfg, widest);
     p.workspace = cuda::workspace_bytes(cfg, plan, cp, width, opt);
     return p;
 }

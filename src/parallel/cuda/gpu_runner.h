@@ -64,8 +64,6 @@ RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const M
 // Device bytes of the workspace a run of `plan` needs on one rank (the arena's size).
 size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
                        const GpuRunOptions& opt);
-// Device bytes of one rank's weights (GpuWeights of expert slice width `width`).
-size_t weight_bytes(const ModelConfig& cfg, int64_t width);
 
 // Runs the plan on this rank (its device current). rank 0 fills `out` (may be null elsewhere);
 // stats are rank 0's.

@@ -153,34 +153,4 @@ size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int6
     return a.used;
 }
 
-size_t weight_bytes(const ModelConfig& cfg, int64_t width) {
-    const int64_t D = cfg.d_model, d = cfg.head_dim, Hd = int64_t{cfg.n_heads} * d;
-    const int64_t hc = cfg.hc, E = cfg.n_experts, V = cfg.vocab_size;
-    const int64_t mhc = ((2 + hc) * hc * hc * D + (2 + hc) * hc + 3) * 4;
-    auto comp = [&](int ratio, int64_t dim, bool overlap) {
-        const int64_t wd = (overlap ? 2 : 1) * dim;
-        return 2 * wd * D * 2 + ratio * wd * 4 + dim * 4;
-    };
-    int64_t total = 2 * V * D * 2 + D * 4 + (hc * hc * D + hc + 1) * 4 + cfg.rope_dim * 4;
-    for (int li = 0; li < cfg.n_layers; ++li) {
-        int64_t b = 2 * mhc + 2 * D * 4;
-        b += (cfg.q_rank * D + Hd * cfg.q_rank + d * D) * 2 + (cfg.q_rank + d + cfg.n_heads) * 4;
-        b += (int64_t{cfg.o_groups} * cfg.o_rank * (Hd / cfg.o_groups) +
-              D * cfg.o_groups * cfg.o_rank) *
-             2;
-        const AttnType t = cfg.layer_types[li];
-        if (t == AttnType::HCA) b += comp(cfg.hca_ratio, d, false);
-        if (t == AttnType::CSA) {
-            const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
-            b += comp(cfg.csa_ratio, d, true) + comp(cfg.csa_ratio, dI, true);
-            b += (nI * dI * cfg.q_rank + nI * D) * 2;
-        }
-        b += E * D * 2;
-        b += cfg.mlp_types[li] == MlpType::Learned ? E * 4 : V * cfg.top_k * 8;
-        b += (E + 1) * 3 * width * D * 2;
-        total += b;
-    }
-    return static_cast<size_t>(total);
-}
-
 }  // namespace cpfill::cuda

@@ -20,6 +20,7 @@
 #include "io/presets.h"
 #include "io/random_checkpoint.h"
 #include "io/safetensors.h"
+#include "io/weight_specs.h"
 #include "model/weights.h"
 
 namespace cpfill {
@@ -164,8 +165,11 @@ TEST_P(LoadRankWeights, BitIdenticalToSlicedFullLoad) {
                 EXPECT_EQ(ranks[r].layers[1].attn.wq_b.raw(), ranks[0].layers[1].attn.wq_b.raw());
                 EXPECT_NE(ranks[r].layers[1].moe.w2[0].raw(), ranks[0].layers[1].moe.w2[0].raw());
             }
-            // fp32 produced: the dense tensors once and every rank's experts.
+            // fp32 produced: the dense tensors once and every rank's experts (bytes() counts
+            // every weight a rank holds, tid2eid's int64 too).
             size_t f32 = ranks[0].bytes();
+            for (const LayerWeights& L : ranks[0].layers)
+                if (L.moe.tid2eid.defined()) f32 -= L.moe.tid2eid.nbytes();
             for (int r = 1; r < C; ++r) {
                 for (const LayerWeights& L : ranks[r].layers) {
                     f32 += L.moe.shared_w13.nbytes() + L.moe.shared_w2.nbytes();
@@ -173,11 +177,36 @@ TEST_P(LoadRankWeights, BitIdenticalToSlicedFullLoad) {
                     for (const Tensor& t : L.moe.w2) f32 += t.nbytes();
                 }
             }
-            // bytes() leaves out the small vectors (norms, biases, hc base/scale, ape, sink).
-            EXPECT_GE(stats.f32_bytes, f32);
-            EXPECT_LT(stats.f32_bytes, f32 + f32 / 20);
+            EXPECT_EQ(stats.f32_bytes, f32);
         }
     }
+}
+
+// The table's slots: every weight of the table lands in its own tensor of the shape the table
+// gives (an expert's w1 and w3 together in [w1; w3]), and nothing the CPU backend holds is left
+// out: bytes() equals the table's count.
+TEST(LoadRankWeights, EveryTableWeightHasItsOwnTensor) {
+    const Stored& s = stored({"fp8", "fp4", "upstream", 300});
+    ModelWeights w = s.full;
+    std::map<const Tensor*, std::string> seen;
+    size_t table_bytes = 0;
+    for (const WeightSpec& spec : s.ck->specs().all()) {
+        SCOPED_TRACE(spec.name);
+        const Tensor* t = tensor_slot(w, spec);
+        ASSERT_NE(t, nullptr);
+        ASSERT_TRUE(t->defined());
+        Shape want = spec.shape;
+        if (spec.slot == WeightSlot::W1 || spec.slot == WeightSlot::W3) want[0] *= 2;
+        EXPECT_EQ(shape_str(t->shape()), shape_str(want));
+        const auto [it, fresh] = seen.emplace(t, spec.name);
+        const bool w3_of_w1 =
+            spec.slot == WeightSlot::W3 && it->second.substr(0, it->second.size() - 9) ==
+                                               spec.name.substr(0, spec.name.size() - 9);
+        EXPECT_TRUE(fresh || w3_of_w1) << "shares a tensor with " << it->second;
+        if (spec.slot != WeightSlot::W3)
+            table_bytes += static_cast<size_t>(t->numel()) * (spec.cls == WeightClass::I64 ? 8 : 4);
+    }
+    EXPECT_EQ(w.bytes(), table_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
