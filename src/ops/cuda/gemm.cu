@@ -73,17 +73,24 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int6
     return heur.algo;
 }
 
-// y (fp32 or bf16) = x·wᵀ with x, w both fp32 or both bf16; see gemm_bf16.
+enum InKind { kBf16 = 0, kF32 = 1, kFp8Tile = 2, kFp8Row = 3 };
+
+// y (fp32 or bf16) = x·wᵀ with x, w both fp32, both bf16 or both e4m3 (block-scaled by w_scale /
+// x_scale); see gemm_bf16 and gemm_fp8.
 void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t in, const void* w,
-               int64_t out, void* y, bool y_f32, int64_t ldy, bool accumulate, bool in_f32,
-               cudaStream_t stream) {
+               int64_t out, void* y, bool y_f32, int64_t ldy, bool accumulate, InKind kind,
+               cudaStream_t stream, const float* w_scale = nullptr,
+               const float* x_scale = nullptr) {
     const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
     const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
-    const GemmContext::Key key{n, in, out, ldx, ldy, y_f32, accumulate, align_key, in_f32};
+    const GemmContext::Key key{n, in, out, ldx, ldy, y_f32, accumulate, align_key, kind};
+    const bool fp8 = kind == kFp8Tile || kind == kFp8Row;
     auto it = ctx.plans().find(key);
     if (it == ctx.plans().end()) {
         const cudaDataType_t out_type = y_f32 ? CUDA_R_32F : CUDA_R_16BF;
-        const cudaDataType_t in_type = in_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        const cudaDataType_t in_type = kind == kF32 ? CUDA_R_32F
+                                       : fp8        ? CUDA_R_8F_E4M3
+                                                    : CUDA_R_16BF;
         Descs d;
         CPFILL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -91,6 +98,21 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
             cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
         CPFILL_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        if (fp8) {  // cuBLAS's A is w, its B is x (column-major view of row-major y = x·wᵀ)
+            const cublasLtMatmulMatrixScale_t a_mode =
+                kind == kFp8Tile ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            const cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                d.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+            CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                d.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+            // The heuristic needs the scale pointers set; the call below sets them each time.
+            CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                d.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+            CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                d.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+        }
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, in_type, in, out, in));
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, in_type, in, n, ldx));
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
@@ -98,6 +120,12 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
         it = ctx.plans().emplace(key, d.release(algo)).first;
     }
     const GemmContext::Plan& p = it->second;
+    if (fp8) {
+        CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+        CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+    }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y,
                                        p.lc, y, p.lc, &p.algo, ctx.workspace(),
@@ -114,7 +142,7 @@ void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n,
                  in, out);
     if (n == 0 || out == 0) return;
     void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
-    gemm_impl(ctx, x, ldx, n, in, w, out, y, y_f32 != nullptr, ldy, accumulate, false, stream);
+    gemm_impl(ctx, x, ldx, n, in, w, out, y, y_f32 != nullptr, ldy, accumulate, kBf16, stream);
 }
 
 void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t in, const float* w,
@@ -122,7 +150,18 @@ void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t 
     CPFILL_CHECK(ldx >= in && ldy >= out, "gemm_f32: strides {}, {} below widths {}, {}", ldx, ldy,
                  in, out);
     if (n == 0 || out == 0) return;
-    gemm_impl(ctx, x, ldx, n, in, w, out, y, true, ldy, false, true, stream);
+    gemm_impl(ctx, x, ldx, n, in, w, out, y, true, ldy, false, kF32, stream);
+}
+
+void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n, int64_t in,
+              const void* w, const float* w_scale, Fp8Blocks blocks, int64_t out, __nv_bfloat16* y,
+              int64_t ldy, cudaStream_t stream) {
+    CPFILL_CHECK(in % 128 == 0, "gemm_fp8: in {} is not a multiple of 128 (the scale blocks)", in);
+    CPFILL_CHECK(ldy >= out, "gemm_fp8: output stride {} below width {}", ldy, out);
+    CPFILL_CHECK(x_scale && w_scale, "gemm_fp8: both scales are needed");
+    if (n == 0 || out == 0) return;
+    gemm_impl(ctx, xq, in, n, in, w, out, y, false, ldy, false,
+              blocks == Fp8Blocks::Tile128 ? kFp8Tile : kFp8Row, stream, w_scale, x_scale);
 }
 
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,

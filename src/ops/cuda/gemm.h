@@ -1,5 +1,5 @@
-// bf16 GEMMs through cuBLASLt (fp32 accumulation): y[n, out] = x[n, in] · w[out, in]ᵀ, the
-// layout of every linear in the model (weights [out, in], rows = tokens).
+// bf16 and block-scaled fp8 GEMMs through cuBLASLt (fp32 accumulation): y[n, out] = x[n, in] ·
+// w[out, in]ᵀ, the layout of every linear in the model (weights [out, in], rows = tokens).
 #pragma once
 
 #include <cublasLt.h>
@@ -25,7 +25,9 @@ class GemmContext {
     // The descriptors and cuBLASLt's heuristic choice per problem (n, in, out, ldx, ldy, fp32
     // out, accumulate, pointer alignments), made once: a repeated shape (every layer, every
     // expert of the same row count) costs only the cublasLtMatmul call on the host.
-    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, bool>;
+    // The last field: the input kind (0 bf16, 1 fp32, 2 fp8 with 128×128 weight blocks, 3 fp8 with
+    // 1×128 weight blocks).
+    using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int>;
     struct Plan {
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -49,6 +51,19 @@ void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n,
 // The same in fp32 throughout (fp32 inputs, CUBLAS_COMPUTE_32F: no TF32), y[n, out] fp32.
 void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t in, const float* w,
               int64_t out, float* y, int64_t ldy, cudaStream_t stream);
+
+// How an fp8 weight [out, in] is scaled (docs/fp8.md): one fp32 scale per 128×128 tile (the dense
+// linears as the release ships them: scales [ceil(out/128)][round_up(in/128, 4)]), or one per row
+// and 128 columns (the experts: scales [in/128][out], out fastest).
+enum class Fp8Blocks { Tile128, Row128 };
+
+// y[n, out] (bf16, row stride ldy) = x·wᵀ from e4m3 inputs: xq [n, in] dense with one fp32 scale
+// per token and 128 channels (x_scale [in/128][n], token fastest: quantize_act_fp8), w [out, in]
+// e4m3 with w_scale as `blocks` says. in must be a multiple of 128. cuBLASLt's block-scaled path
+// (sm_90, cuBLAS 12.9 or later); an error names the shape when it has no algorithm.
+void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n, int64_t in,
+              const void* w, const float* w_scale, Fp8Blocks blocks, int64_t out, __nv_bfloat16* y,
+              int64_t ldy, cudaStream_t stream);
 
 // gemm_bf16 with dense rows (ldx = in, ldy = out).
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,
