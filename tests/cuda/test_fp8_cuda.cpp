@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/fp8.h"
 #include "runtime/cuda/cuda_check.h"
@@ -168,12 +169,27 @@ TEST_P(Fp8Gemm, EqualsTheProductOfTheDequantisedInputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
-                         ::testing::Values(GemmCase{37, 256, 384, oc::Fp8Blocks::Tile128},
+                         ::testing::Values(GemmCase{36, 256, 384, oc::Fp8Blocks::Tile128},
                                            GemmCase{300, 512, 200,
                                                     oc::Fp8Blocks::Tile128},  // a partial row tile
-                                           GemmCase{1, 384, 256, oc::Fp8Blocks::Tile128},
+                                           GemmCase{4, 384, 256, oc::Fp8Blocks::Tile128},
                                            GemmCase{64, 384, 256, oc::Fp8Blocks::Row128},
-                                           GemmCase{129, 256, 512, oc::Fp8Blocks::Row128}));
+                                           GemmCase{132, 256, 512, oc::Fp8Blocks::Row128}));
+
+// Rows that are not a multiple of 4 are refused with a message that says what to do, before
+// cuBLASLt is asked.
+TEST(Fp8Gemm, RowsNotAMultipleOfFourAreRefused) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    cuda::DeviceBuffer xq(37 * 128), xs(37 * 4), wq(128 * 128), ws(4 * 4), y(37 * 128 * 2);
+    oc::GemmContext ctx;
+    try {
+        oc::gemm_fp8(ctx, xq.as<void>(), xs.as<float>(), 37, 128, wq.as<void>(), ws.as<float>(),
+                     oc::Fp8Blocks::Tile128, 128, y.as<__nv_bfloat16>(), 128, nullptr);
+        ADD_FAILURE() << "37 rows were accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("multiple of 4"), std::string::npos) << e.what();
+    }
+}
 
 }  // namespace
 }  // namespace cpfill

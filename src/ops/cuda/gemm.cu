@@ -159,6 +159,12 @@ void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n,
     CPFILL_CHECK(in % 128 == 0, "gemm_fp8: in {} is not a multiple of 128 (the scale blocks)", in);
     CPFILL_CHECK(ldy >= out, "gemm_fp8: output stride {} below width {}", ldy, out);
     CPFILL_CHECK(x_scale && w_scale, "gemm_fp8: both scales are needed");
+    // Measured on an H200 (cuBLAS 13.1): no algorithm for 1, 37 or 129 rows, one for 4, 64, 300.
+    // Each row of the activation scales [in/128][n] must start 16-byte aligned.
+    CPFILL_CHECK(n % 4 == 0,
+                 "gemm_fp8: {} rows; cuBLASLt's block-scaled path needs a multiple of 4 "
+                 "(pad the rows: the activation scales' rows must be 16-byte aligned)",
+                 n);
     if (n == 0 || out == 0) return;
     gemm_impl(ctx, xq, in, n, in, w, out, y, false, ldy, false,
               blocks == Fp8Blocks::Tile128 ? kFp8Tile : kFp8Row, stream, w_scale, x_scale);
