@@ -7,7 +7,7 @@
 // tensors are not listed. Everything that walks a model's weights walks this table: the
 // checkpoint's shape checks, the CPU load (model/weights.cpp), the GPU upload and random weights
 // (model/cuda/gpu_weights.cu), the byte counts (model/weight_bytes.h), inspect and gen-model
-// (docs/loading.md, "One tensor table").
+// (docs/fp8.md, "One weight table").
 #pragma once
 
 #include <string>
