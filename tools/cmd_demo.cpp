@@ -1,15 +1,16 @@
 // cpfill demo: no arguments, no downloads. Writes a small random model of the real architecture
 // (preset "tiny") to a temporary folder, runs one random prompt long enough to exercise the sparse
 // indexer and both compressors with CP=1 and CP=2 (CPU ranks), TBO off and on, and shows that all
-// four agree on every position, with their timings — up to a top-k near-tie, which it names and
-// after which it does not compare (check_cpu). Where GPUs are usable it also runs the CUDA backend
-// (CP=1, and CP=2 with two GPUs, TBO off and on) and compares it with the CPU's fp32 logits.
-// A mismatch is an `error:` line and exit code 1.
+// four agree on every position, with their timings. A top-k near-tie that the schedules resolve
+// differently (check_cpu names it) makes it redraw that position's token and run again. Where GPUs
+// are usable it also runs the CUDA backend (CP=1, and CP=2 with two GPUs, TBO off and on) and
+// compares it with the CPU's fp32 logits. A mismatch is an `error:` line and exit code 1.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "engine/prefill_engine.h"
@@ -45,13 +46,15 @@ double max_rel_diff(const float* a, const float* b, int64_t n) {
 // is a near-tie that the two orders resolve differently. Positions before that one cannot depend
 // on it (attention is causal, the MoE per token) and must still agree; the choice must differ
 // there with a margin below kNearTie of its scores' scale; later positions follow the other,
-// equally valid choice and are not compared. Anything else is a mismatch.
+// equally valid choice and are not compared (unless the demo redraws that token). Anything else
+// is a mismatch.
 constexpr double kRounding = 1e-5;
 constexpr double kNearTie = 1e-4;
 
 struct CpuVerdict {
     bool ok = false;
     std::string note;
+    int64_t tie = -1;  // the position of an accepted near-tie
 };
 
 CpuVerdict check_cpu(const ModelWeights& w, const PrefillOutput& run, const PrefillOutput& ref) {
@@ -60,13 +63,15 @@ CpuVerdict check_cpu(const ModelWeights& w, const PrefillOutput& run, const Pref
     if (p.request < 0) return {true, fmt::format("all {} positions within {:.1e}", n, p.diff)};
     const double margin = std::min(p.margin, p.margin_b);
     if (p.differs && margin <= kNearTie)
-        return {true, fmt::format("{}at {} the layer-{} {} top-k is a near-tie (margin {:.1e}) "
-                                  "resolved the other way; later positions not compared (up "
-                                  "to {:.1e})",
-                                  p.pos > 0 ? fmt::format("positions 0-{} within {:.1e}; ",
-                                                          p.pos - 1, p.before)
-                                            : "",
-                                  p.pos, p.layer, p.choice, margin, p.diff)};
+        return {
+            true,
+            fmt::format(
+                "{}at {} the layer-{} {} top-k is a near-tie (margin {:.1e}) "
+                "resolved the other way; later positions not compared (up "
+                "to {:.1e})",
+                p.pos > 0 ? fmt::format("positions 0-{} within {:.1e}; ", p.pos - 1, p.before) : "",
+                p.pos, p.layer, p.choice, margin, p.diff),
+            p.pos};
     std::string why =
         p.layer < 0 ? "no top-k choice there"
                     : fmt::format("closest top-k choice: layer {} {}, margin {:.1e}{}", p.layer,
@@ -98,7 +103,6 @@ int demo(const DemoArgs& a) {
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % cfg.vocab_size);
     fmt::print("prompt: {} random tokens, CPU fp32; every position compared with CP=1 TBO off\n",
                a.length);
-    PrefillOutput reference;
     int agree = 0, runs = 0;
     std::vector<std::string> failed;
     auto report = [&](int cp, TboMode tbo, const RunResult& r, bool same, const std::string& note) {
@@ -111,25 +115,45 @@ int demo(const DemoArgs& a) {
                    same ? "ok" : "MISMATCH", note);
         if (!same) failed.push_back(fmt::format("{} ({})", what, note));
     };
+    std::vector<std::unique_ptr<PrefillEngine>> engines;
     for (int cp : {1, 2}) {
         EngineOptions eo;
         eo.threads = a.threads;
         eo.cp = cp;
-        PrefillEngine engine(dir.string(), eo);
-        for (TboMode tbo : {TboMode::Off, TboMode::On}) {
-            RunOptions ro;
-            ro.tbo = tbo;
-            ro.all_logits = ro.record_topk = ro.record_hidden = true;  // what check_cpu reads
-            RunResult r = engine.run({prompt}, ro);
-            if (reference.logits.empty()) {
-                reference = std::move(r.out);
-                report(cp, tbo, r, true, "the reference");
-                continue;
-            }
-            const CpuVerdict v = check_cpu(full, r.out, reference);
-            report(cp, tbo, r, v.ok, v.note);
-        }
+        engines.push_back(std::make_unique<PrefillEngine>(dir.string(), eo));
     }
+    // The prompt is drawn as the fixtures are, without near-ties the schedules resolve apart
+    // (docs/numerics.md): the token of such a position is redrawn and every run repeated, at most
+    // kRedraws times, so that in the end every position is compared.
+    constexpr int kRedraws = 3;
+    PrefillOutput reference;
+    for (int redraw = 0;; ++redraw) {
+        agree = runs = 0;
+        failed.clear();
+        reference = PrefillOutput{};
+        int64_t tie = -1;
+        for (auto& engine : engines)
+            for (TboMode tbo : {TboMode::Off, TboMode::On}) {
+                RunOptions ro;
+                ro.tbo = tbo;
+                ro.all_logits = ro.record_topk = ro.record_hidden = true;  // what check_cpu reads
+                RunResult r = engine->run({prompt}, ro);
+                if (reference.logits.empty()) {
+                    reference = std::move(r.out);
+                    report(engine->cp(), tbo, r, true, "the reference");
+                    continue;
+                }
+                const CpuVerdict v = check_cpu(full, r.out, reference);
+                if (v.tie >= 0 && (tie < 0 || v.tie < tie)) tie = v.tie;
+                report(engine->cp(), tbo, r, v.ok, v.note);
+            }
+        if (tie < 0 || redraw == kRedraws || !failed.empty()) break;
+        const int32_t old = prompt[tie];
+        while (prompt[tie] == old) prompt[tie] = static_cast<int32_t>(rng() % cfg.vocab_size);
+        fmt::print("near-tie at position {}: its token redrawn ({} -> {}), running again\n", tie,
+                   old, prompt[tie]);
+    }
+    engines.clear();
     std::string why;
     const int gpus = a.device == "cpu" ? 0 : cuda_device_count(&why);
     if (a.device == "cuda") CPFILL_CHECK(gpus > 0, "--device cuda: no usable GPU: {}", why);
