@@ -4,8 +4,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "../../golden/golden_util.h"
 #include "io/checkpoint.h"
@@ -90,31 +93,38 @@ class CpEquivalence : public ::testing::TestWithParam<Param> {
 TEST_P(CpEquivalence, MatchesCp1AndHf) {
     const Param p = GetParam();
     const Fixture& f = fixture(p.dir);
-    const int64_t V = f.full.cfg.vocab_size;
+    // CP=1 TBO off is the reference of 1-3; for that parameter they compare it with other runs
+    // (prefixes, requests alone), never with itself. The fixtures' prompts have no top-k
+    // near-ties (docs/numerics.md), so every position must agree.
+    const bool reference = p.cp == 1 && !p.tbo;
     // 1. The fixture's requests: against CP=1 and against HF.
     PrefillOutput base = run(f.requests, 1, false, false);
-    PrefillOutput out = run(f.requests, p.cp, p.tbo, p.delay);
-    expect_same("fixture requests vs CP=1", out, base, kVsCp1);
+    PrefillOutput out = reference ? base : run(f.requests, p.cp, p.tbo, p.delay);
+    if (!reference) expect_same("fixture requests vs CP=1", out, base, kVsCp1);
     for (size_t r = 0; r < f.requests.size(); ++r)
         EXPECT_TRUE(testing::close(fmt::format("request {} vs HF", r), out.logits[r],
                                    f.hf_logits[r], kVsHf));
-    // 2. A prompt shorter than C (and of 1 token).
+    // 2. A prompt shorter than C (and of 1 token): the first rows of the whole prompt's logits.
     for (int64_t len : {int64_t{1}, int64_t{std::max(1, p.cp - 1)}}) {
         std::vector<std::vector<int32_t>> shorter = {
             std::vector<int32_t>(f.requests[0].begin(), f.requests[0].begin() + len)};
-        expect_same(fmt::format("prompt of {} tokens", len), run(shorter, p.cp, p.tbo, p.delay),
-                    run(shorter, 1, false, false), kVsCp1);
+        EXPECT_TRUE(testing::close(fmt::format("prompt of {} tokens vs its rows in the whole", len),
+                                   run(shorter, p.cp, p.tbo, p.delay).logits[0],
+                                   testing::rows_of(base.logits[0], 0, len), kVsCp1));
     }
-    // 3. Several requests of uneven lengths cut from the fixture's first prompt.
+    // 3. Several requests of uneven lengths cut from the fixture's first prompt, in one batch,
+    //    against each run alone at CP=1 (requests do not see each other).
     const auto& src = f.requests[0];
     std::vector<std::vector<int32_t>> several = {{src.begin(), src.begin() + 133},
                                                  {src.begin() + 133, src.begin() + 140},
                                                  {src.begin() + 140, src.end()}};
-    expect_same("three uneven requests", run(several, p.cp, p.tbo, p.delay),
-                run(several, 1, false, false), kVsCp1);
+    const PrefillOutput batched = run(several, p.cp, p.tbo, p.delay);
+    for (size_t r = 0; r < several.size(); ++r)
+        EXPECT_TRUE(testing::close(fmt::format("request {} of three vs alone", r),
+                                   batched.logits[r], run({several[r]}, 1, false, false).logits[0],
+                                   kVsCp1));
     // 4. Chunked prefill (chunk not a multiple of the compress ratios) = one pass.
     expect_same("chunks of 57", run(f.requests, p.cp, p.tbo, p.delay, 57), base, kVsCp1);
-    EXPECT_GT(V, 0);
 }
 
 std::vector<Param> params() {
@@ -135,6 +145,23 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpEquivalence, ::testing::ValuesIn(params()),
                                                 p.delay ? 1 : 0);
                          });
 
+// Element by element within tol × the largest |expected| (keys, entries and projections are of
+// unit scale); reports the worst element.
+void expect_values(const std::string& what, const std::vector<float>& a,
+                   const std::vector<float>& b, double tol) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    double scale = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+        scale = std::max(scale, std::abs(double(b[i])));
+        const double d = std::abs(double(a[i]) - b[i]);
+        if (d > worst) worst = d, at = i;
+    }
+    EXPECT_LE(worst, tol * std::max(scale, 1.0))
+        << what << ": worst element " << at << " of " << b.size() << ": " << a[at] << " vs "
+        << b[at] << " (largest |value| " << scale << ")";
+}
+
 TEST(Chunked, KvStoreEqualsOnePass) {
     const std::string dir = testing::golden_fixtures().front();
     const Fixture& f = fixture(dir);
@@ -147,15 +174,22 @@ TEST(Chunked, KvStoreEqualsOnePass) {
     ASSERT_EQ(one.kv.size(), chunked.kv.size());
     for (size_t r = 0; r < one.kv.size(); ++r)
         for (size_t l = 0; l < one.kv[r].size(); ++l) {
-            const LayerKv &a = one.kv[r][l], &b = chunked.kv[r][l];
-            EXPECT_EQ(a.n_tokens, b.n_tokens);
-            EXPECT_EQ(a.n_entries, b.n_entries);
-            ASSERT_EQ(a.entries.size(), b.entries.size());
-            for (size_t i = 0; i < a.entries.size(); ++i)
-                ASSERT_NEAR(a.entries[i], b.entries[i], 1e-5) << "request " << r << " layer " << l;
-            ASSERT_EQ(a.index_keys.size(), b.index_keys.size());
-            EXPECT_EQ(a.main_tail.pos0, b.main_tail.pos0);
-            EXPECT_EQ(a.main_tail.kv.size(), b.main_tail.kv.size());
+            const LayerKv &a = chunked.kv[r][l], &b = one.kv[r][l];
+            const std::string at = fmt::format("request {} layer {}", r, l);
+            EXPECT_EQ(a.n_tokens, b.n_tokens) << at;
+            EXPECT_EQ(a.window0, b.window0) << at;
+            EXPECT_EQ(a.n_entries, b.n_entries) << at;
+            // Window keys and buffered projections are per-token products (the chunk changes
+            // only how many rows one GEMM holds); entries pool them: all agree to rounding.
+            expect_values(at + " window keys", a.window, b.window, kVsCp1);
+            expect_values(at + " entries", a.entries, b.entries, kVsCp1);
+            expect_values(at + " index keys", a.index_keys, b.index_keys, kVsCp1);
+            for (const auto& [name, ta, tb] : {std::tuple{"main", &a.main_tail, &b.main_tail},
+                                               std::tuple{"index", &a.index_tail, &b.index_tail}}) {
+                EXPECT_EQ(ta->pos0, tb->pos0) << at << " " << name << " tail";
+                expect_values(at + " " + name + " tail kv", ta->kv, tb->kv, kVsCp1);
+                expect_values(at + " " + name + " tail gate", ta->gate, tb->gate, kVsCp1);
+            }
         }
 }
 
@@ -171,15 +205,16 @@ TEST(CpFailure, AFailingRankStopsItsPeersWithItsError) {
     PrefillOptions opt;
     opt.cp = 2;
     opt.threads = 2;
-    opt.comm.deadline = std::chrono::milliseconds(20000);
-    const auto t0 = std::chrono::steady_clock::now();
+    // No deadline to fall back on: a peer that the failing rank did not stop would wait here for
+    // an hour (ctest's default timeout of 1,500 s fails the test) instead of ending with rank 1's
+    // error.
+    opt.comm.deadline = std::chrono::hours(1);
     try {
         cp_prefill({&ranks[0], &ranks[1]}, f.requests, opt);
         ADD_FAILURE() << "expected an error";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("tid2eid"), std::string::npos) << e.what();
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));  // no deadline wait
 }
 
 }  // namespace
