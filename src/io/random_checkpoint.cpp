@@ -15,6 +15,7 @@
 #include <random>
 
 #include "core/parallel.h"
+#include "io/atomic_file.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
@@ -284,11 +285,7 @@ std::string config_json(const ModelConfig& cfg, const RandomCheckpointOptions& o
 }
 
 void write_text(const fs::path& path, const std::string& text) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    CPFILL_CHECK(f.is_open(), "{}: cannot create file", path.string());
-    f << text;
-    f.close();
-    CPFILL_CHECK(!f.fail(), "{}: write failed", path.string());
+    write_file_atomically(path.string(), text);
 }
 
 // Weight files of an earlier run would be mixed into the new checkpoint by the loader.
