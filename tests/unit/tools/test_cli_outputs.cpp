@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -252,6 +253,70 @@ TEST(CliTrust, KvStateBytesMatchTheWrittenTensors) {
         for (const auto& [name, info] : f.tensors()) bytes += info.end - info.begin;
         EXPECT_EQ(kv_state_bytes(cfg, n), bytes) << n << " tokens";
     }
+}
+
+// --- item 8: gen-model checks first and leaves no partial checkpoint ----------------------------
+
+// `sh -c 'ulimit -f BLOCKS; exec cpfill ARGS'`: runs with a file size limit.
+Result run_cli_limited(int blocks, const std::string& args) {
+    const std::string cmd = "sh -c 'ulimit -f " + std::to_string(blocks) + "; exec " +
+                            std::string(CPFILL_BINARY) + " " + args + "' 2>&1";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return r;
+}
+
+std::vector<std::string> listing(const fs::path& dir) {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+TEST(CliTrust, GenModelImpossibleConfigIsAClearErrorBeforeWriting) {
+    TempDir tmp;
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kFixture + "/config.json"));
+    cfg["vocab_size"] = 2147483647;  // embed [2^31 - 1, 2^20]: 2^51 values, 8 PiB of fp32
+    cfg["hidden_size"] = 1 << 20;
+    std::ofstream(tmp.file("huge.json")) << cfg.dump(2);
+    const Result r =
+        run_cli("gen-model --config " + tmp.file("huge.json") + " --out " + tmp.file("m"));
+    expect_clean_error(r, {"out of host memory"});
+    EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(tmp.file("m"))) << "a partial checkpoint was left";
+    EXPECT_EQ(listing(tmp.path()), std::vector<std::string>{"huge.json"});
+    // A tensor beyond any memory: named with its shape.
+    cfg["hidden_size"] = 2147483647;  // 2^62 values
+    std::ofstream(tmp.file("huge.json")) << cfg.dump(2);
+    expect_clean_error(
+        run_cli("gen-model --config " + tmp.file("huge.json") + " --out " + tmp.file("m")),
+        {"embed.weight", "too large"});
+    EXPECT_FALSE(fs::exists(tmp.file("m")));
+}
+
+TEST(CliTrust, GenModelThatCannotFinishLeavesNoPartialCheckpoint) {
+    TempDir tmp;
+    // ~100 KiB of files allowed: the tiny preset's shard does not fit.
+    const Result r = run_cli_limited(200, "gen-model --preset tiny --out " + tmp.file("m"));
+    expect_clean_error(r, {"--out", "ulimit -f"});
+    EXPECT_FALSE(fs::exists(tmp.file("m")));
+    EXPECT_EQ(listing(tmp.path()), std::vector<std::string>{});
+    // Over an earlier checkpoint: it stays whole.
+    ASSERT_EQ(run_cli("gen-model --preset tiny --seed 1 --out " + tmp.file("m")).code, 0);
+    const std::vector<std::string> before = listing(tmp.file("m"));
+    const std::string weights = slurp(tmp.file("m/model.safetensors"));
+    expect_clean_error(run_cli_limited(200, "gen-model --preset tiny --seed 2 --dtype bf16 --out " +
+                                                tmp.file("m")),
+                       {"ulimit -f"});
+    EXPECT_EQ(listing(tmp.file("m")), before);
+    EXPECT_EQ(slurp(tmp.file("m/model.safetensors")), weights);
+    EXPECT_EQ(run_cli("run --model " + tmp.file("m") + " --input-ids 1,2,3").code, 0);
 }
 
 }  // namespace
