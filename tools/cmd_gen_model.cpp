@@ -1,11 +1,13 @@
 // cpfill gen-model: writes a random checkpoint of a named preset or a given config.json, in HF or
-// official names, f32 / bf16 / fp8 storage and optionally fp4 routed experts.
+// official names, f32 / bf16 / fp8 storage and optionally fp4 routed experts. Sizes, memory and
+// disk space are checked before anything is written; a failure leaves no partial checkpoint.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <sstream>
+#include <csignal>
+#include <memory>
 
 #include "io/presets.h"
+#include "io/progress.h"
 #include "io/random_checkpoint.h"
 #include "tools/commands.h"
 
@@ -24,6 +26,7 @@ struct GenArgs {
 };
 
 int gen(const GenArgs& a) {
+    std::signal(SIGXFSZ, SIG_IGN);  // ulimit -f: an error from the write, not a kill
     CPFILL_CHECK(a.preset.empty() != a.config.empty(), "give exactly one of --preset or --config");
     ModelConfig cfg;
     if (!a.preset.empty()) {
@@ -36,7 +39,16 @@ int gen(const GenArgs& a) {
     opt.names = a.names;
     opt.dtype = a.dtype;
     opt.experts = a.experts;
+    // A progress line on a terminal (io/progress.h: drawn after a second of work).
+    std::unique_ptr<Progress> bar;
+    size_t reported = 0;
+    opt.on_progress = [&bar, &reported](size_t done, size_t total) {
+        if (!bar) bar = std::make_unique<Progress>("generating", total, true);
+        bar->add(done - reported);
+        reported = done;
+    };
     write_random_checkpoint(cfg, a.out, opt);
+    if (bar) bar->finish();
     fmt::print("wrote {} ({} layers, d_model {}, {} experts; names {}, dtype {}, experts {})\n",
                a.out, cfg.n_layers, cfg.d_model, cfg.n_experts, a.names, a.dtype, a.experts);
     return 0;

@@ -3,14 +3,19 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "engine/bench_report.h"
 #include "engine/kv_export.h"
 #include "engine/prefill_engine.h"
+#include "io/model_config.h"
+#include "io/output_paths.h"
 #include "io/safetensors.h"
 #include "runtime/device.h"
 #include "tools/commands.h"
@@ -21,6 +26,8 @@
 namespace cpfill::tools {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 struct RunArgs {
     std::string model;
@@ -93,12 +100,108 @@ void write_logits(const std::string& path, const RunResult& r, bool all_logits) 
                       {{"format", "cpfill-logits"}, {"positions", all_logits ? "all" : "last"}});
 }
 
+// The first tokens are argmaxes: over NaN or Inf logits they mean nothing (NaN compares false, so
+// the argmax would be token 0). Refuses to report or write them.
+void check_logits_finite(const RunResult& r, int64_t V) {
+    for (size_t i = 0; i < r.out.logits.size(); ++i) {
+        const Tensor& l = r.out.logits[i];  // f32 [V] or [len, V]
+        const float* v = l.f32();
+        int64_t bad = 0, first = -1;
+        for (int64_t k = 0; k < l.numel(); ++k)
+            if (!std::isfinite(v[k])) {
+                if (first < 0) first = k;
+                ++bad;
+            }
+        if (bad == 0) continue;
+        const std::string where =
+            l.ndim() == 2 ? fmt::format("position {}, token id {}", first / V, first % V)
+                          : fmt::format("token id {}", first);
+        CPFILL_FAIL(
+            "request {}: the logits are not finite ({} of {} values; the first, at {}, is {}), "
+            "expected finite logits: no first token can be reported (the activations overflowed; "
+            "check the weights' scale)",
+            i, bad, l.numel(), where, v[first]);
+    }
+}
+
+// Everything the run reads: the model folder and its files, the prompt or ids file, the tokenizer.
+std::vector<FileId> run_inputs(const RunArgs& a) {
+    std::vector<FileId> in = folder_ids(a.model);
+    for (const std::string& f : {a.prompt_file, a.input_ids_file})
+        if (!f.empty())
+            if (auto id = file_id(f)) in.push_back(*id);
+    if (!a.prompt.empty() || !a.prompt_file.empty())
+        if (auto id = file_id(find_tokenizer(a.tokenizer, a.model))) in.push_back(*id);
+    return in;
+}
+
+// Bytes of a safetensors header with `tensors` entries (JSON of name, dtype, shape, offsets; the
+// metadata): an upper bound for the names cpfill writes.
+size_t header_bytes(size_t tensors) { return 4096 + 256 * tensors; }
+
+// The output paths, before the model is loaded (docs/cli.md "Outputs"): creatable, not an input,
+// not inside the model folder, and enough room for the sizes the requests determine.
+void check_run_outputs(const RunArgs& a, const std::vector<std::vector<int32_t>>& requests) {
+    if (a.logits_out.empty() && a.kv_out.empty()) return;
+    const ModelConfig cfg = load_model_config((fs::path(a.model) / "config.json").string());
+    const std::vector<FileId> inputs = run_inputs(a);
+    const std::optional<FileId> model = file_id(a.model);
+    const auto in_model_folder = [&](const fs::path& folder) {
+        const auto id = file_id(folder.empty() ? "." : folder.string());
+        return model && id && *model == *id;
+    };
+    std::vector<PlannedOutput> planned;
+    if (!a.logits_out.empty()) {
+        check_output_file(a.logits_out, "--logits-out");
+        check_not_an_input(a.logits_out, "--logits-out", inputs);
+        CPFILL_CHECK(!in_model_folder(fs::path(a.logits_out).parent_path()),
+                     "--logits-out {}: is inside the model folder {}, expected a path outside it "
+                     "(the loader reads the folder's safetensors files)",
+                     a.logits_out, a.model);
+        size_t bytes = header_bytes(requests.size());
+        for (const auto& r : requests)
+            bytes += (a.all_logits ? r.size() : 1) * static_cast<size_t>(cfg.vocab_size) * 4;
+        planned.push_back({"--logits-out", a.logits_out, bytes});
+    }
+    if (!a.kv_out.empty()) {
+        check_output_folder(a.kv_out, "--kv-out");
+        CPFILL_CHECK(!in_model_folder(a.kv_out),
+                     "--kv-out {}: is the model folder, expected another folder (the loader "
+                     "would read the KV files as weights)",
+                     a.kv_out);
+        check_kv_out_dir(a.kv_out);  // stale or foreign files (docs/kv-state.md)
+        const std::vector<std::string> files = kv_state_files(requests.size());
+        for (size_t r = 0; r < files.size(); ++r) {
+            const std::string path = (fs::path(a.kv_out) / files[r]).string();
+            const std::string what = "--kv-out " + files[r];
+            check_not_an_input(path, what, inputs);
+            const size_t n = static_cast<size_t>(requests[r].size());
+            planned.push_back(
+                {what, path, kv_state_bytes(cfg, n) + header_bytes(11 * cfg.n_layers)});
+            if (!a.logits_out.empty()) {
+                std::error_code ec;
+                CPFILL_CHECK(
+                    fs::weakly_canonical(a.logits_out, ec) != fs::weakly_canonical(path, ec),
+                    "--logits-out {}: is also the KV file {} of --kv-out: expected two "
+                    "different outputs",
+                    a.logits_out, path);
+            }
+        }
+        check_not_an_input((fs::path(a.kv_out) / kKvManifest).string(), "--kv-out manifest",
+                           inputs);
+    }
+    check_output_space(planned);
+}
+
 int run_checked(const RunArgs& a, const MpiSession& mpi);
 
 int run(const RunArgs& a) {
     CPFILL_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda",
                  a.device);
     if (a.device == "cuda") require_cuda_device();  // names why there is no usable GPU
+    // A file size limit (ulimit -f) then fails the write with EFBIG, reported as an error,
+    // instead of killing the process with SIGXFSZ.
+    std::signal(SIGXFSZ, SIG_IGN);
     MpiSession mpi;
     if (!mpi.active() && a.device != "cuda") return run_checked(a, mpi);
     if (!mpi.active()) {
@@ -144,6 +247,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     } else {
         requests = read_input_ids_file(a.input_ids_file);
     }
+    if (mpi.rank() == 0) check_run_outputs(a, requests);  // rank 0 writes them
     EngineOptions eo;
     eo.threads = a.threads;
     eo.cp = a.cp;
@@ -162,6 +266,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     opt.keep_kv = !a.kv_out.empty();
     RunResult r = engine.run(requests, opt);
     if (mpi.rank() != 0) return 0;  // rank 0 holds the logits and prints
+    check_logits_finite(r, engine.config().vocab_size);
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
     if (!a.kv_out.empty()) write_kv_state(a.kv_out, r.out.kv, engine.config());
     if (a.json) {

@@ -1,6 +1,7 @@
 // PrefillEngine: checkpoint → every rank's fp32 weights (parallel load); runs with timing.
 #include "engine/prefill_engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/host_memory.h"
@@ -51,6 +52,27 @@ void check_cpu_memory(const ModelConfig& cfg, const std::vector<std::vector<int3
         "available ({}); {}",
         total, p.cp, p.chunk > 0 ? fmt::format(" --chunk {}", p.chunk) : std::string(), need * 1e-9,
         have->available * 1e-9, have->source, advice);
+}
+
+// The CUDA backend downloads rank 0's logits into host tensors (f32 [vocab] per request, or
+// [len, vocab] with --all-logits: 68 GB at 128k tokens); check_cpu_memory counts them for the CPU
+// backend, this for the GPUs.
+void check_gpu_host_logits(const ModelConfig& cfg,
+                           const std::vector<std::vector<int32_t>>& requests, bool all_logits) {
+    const std::optional<HostMemory> have = host_memory_available();
+    if (!have) return;
+    size_t rows = 0;
+    for (const auto& r : requests) rows += all_logits ? r.size() : 1;
+    const size_t need = rows * static_cast<size_t>(cfg.vocab_size) * sizeof(float);
+    CPFILL_CHECK(need <= have->available,
+                 "out of host memory: the logits of {} requests ({} rows of vocab {}, f32) need "
+                 "{} bytes ({:.2f} GB) on the host but {} bytes ({:.2f} GB) are available ({}); "
+                 "{}",
+                 requests.size(), rows, cfg.vocab_size, need, need * 1e-9, have->available,
+                 have->available * 1e-9, have->source,
+                 all_logits ? "leave out --all-logits (the last position's only) or shorten the "
+                              "prompt"
+                            : "run fewer requests at once");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -151,6 +173,9 @@ PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& re
     g.phase_timing = opt.phase_timing;
     g.fail_rank = opt.fail_rank;
     g.record_kv = opt.keep_kv;
+    const std::vector<int>& local = options_.gpu.local_ranks;
+    if (local.empty() || std::find(local.begin(), local.end(), 0) != local.end())
+        check_gpu_host_logits(cfg_, requests, opt.all_logits);  // rank 0 holds them
     return gpu_->run(requests, g, stats);
 }
 

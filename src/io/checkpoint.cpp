@@ -202,6 +202,25 @@ Slab make_slab(Format fmt, int64_t cols, const Tensor& w, const Tensor& s, int e
     return sl;
 }
 
+// Names the weight, where it is stored and the index (in the weight's own shape; a weight of more
+// than two dimensions is read as [shape[0], rest]) of a non-finite element.
+[[noreturn]] void fail_non_finite(const std::string& dir, const WeightSpec& spec,
+                                  const std::string& stored, const TensorInfo& info, int64_t row,
+                                  int64_t col, float value) {
+    std::vector<int64_t> index(std::max<size_t>(spec.shape.size(), 1), 0);
+    index[0] = row;
+    int64_t rest = col;
+    for (size_t d = spec.shape.size(); d-- > 1;) {
+        index[d] = rest % spec.shape[d];
+        rest /= spec.shape[d];
+    }
+    CPFILL_FAIL(
+        "{}: tensor {} (stored as \"{}\" in {}, {}): element [{}] is {}, expected a finite "
+        "value (the first non-finite element read: the file is corrupt or was written from "
+        "overflowed values)",
+        dir, spec.name, stored, info.file, info.dtype, fmt::join(index, ", "), value);
+}
+
 }  // namespace
 
 // A canonical weight resolved to stored tensors. `slab` = the 2-D (or N-D for float) logical
@@ -317,17 +336,30 @@ void Checkpoint::read_block(const WeightSpec& spec, const Located& loc, int64_t 
     advise(sl.w + a * sl.row_bytes, static_cast<size_t>((b - a) * sl.row_bytes),
            MADV_POPULATE_READ);
 #endif
+    void (*read)(const Slab&, int64_t, int64_t, int64_t, int64_t, float*) = nullptr;
     switch (loc.fmt) {
         case Format::Float:
-            return read_float(sl, a, b, c0, c1, dst);
-        case Format::Fp8:
-            return read_fp8(sl, a, b, c0, c1, dst);
-        case Format::Fp4:
-            return read_fp4(sl, a, b, c0, c1, dst);
-        case Format::Int:
+            read = read_float;
             break;
+        case Format::Fp8:
+            read = read_fp8;
+            break;
+        case Format::Fp4:
+            read = read_fp4;
+            break;
+        case Format::Int:
+            CPFILL_FAIL("tensor {} holds integers: use get_i64", spec.name);
     }
-    CPFILL_FAIL("tensor {} holds integers: use get_i64", spec.name);
+    // Row by row, so that the finiteness check reads each row while it is still in cache. A NaN
+    // or Inf weight (a corrupt file, an overflowed conversion, an fp8 NaN code, an E8M0 0xff scale)
+    // would otherwise turn every logit into NaN without a word.
+    const int64_t n = c1 - c0;
+    for (int64_t r = a; r < b; ++r, dst += n) {
+        read(sl, r, r + 1, c0, c1, dst);
+        for (int64_t c = 0; c < n; ++c)
+            if (!std::isfinite(dst[c])) [[unlikely]]
+                fail_non_finite(dir_, spec, loc.name, *loc.info, r - loc.row_off, c0 + c, dst[c]);
+    }
 }
 
 void Checkpoint::prefetch(const std::string& canonical, int64_t r0, int64_t r1) const {

@@ -3,6 +3,8 @@
 // seeded from (seed, tensor name, chunk index), which makes the values independent of threads.
 #include "io/random_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,7 +16,10 @@
 #include <numbers>
 #include <random>
 
+#include "core/host_memory.h"
 #include "core/parallel.h"
+#include "io/atomic_file.h"
+#include "io/output_paths.h"
 #include "io/quant.h"
 #include "io/safetensors.h"
 #include "io/tensor_names.h"
@@ -269,11 +274,7 @@ std::string config_json(const ModelConfig& cfg, const RandomCheckpointOptions& o
 }
 
 void write_text(const fs::path& path, const std::string& text) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    CPFILL_CHECK(f.is_open(), "{}: cannot create file", path.string());
-    f << text;
-    f.close();
-    CPFILL_CHECK(!f.fail(), "{}: write failed", path.string());
+    write_file_atomically(path.string(), text);
 }
 
 // Weight files of an earlier run would be mixed into the new checkpoint by the loader.
@@ -285,6 +286,157 @@ void remove_old_weights(const fs::path& dir) {
             fs::remove(entry.path());
     }
 }
+
+// A config whose tensor list alone would not fit into memory (millions of experts or layers).
+void check_tensor_count(const ModelConfig& cfg) {
+    const double tensors =
+        static_cast<double>(cfg.n_layers) * (3.0 * static_cast<double>(cfg.n_experts) + 64.0);
+    CPFILL_CHECK(tensors <= 1e7,
+                 "config: {} layers of {} routed experts make about {:.3g} tensors, expected at "
+                 "most 10 million (V4-Pro has 47 thousand)",
+                 cfg.n_layers, cfg.n_experts, tensors);
+}
+
+// Every tensor's element count and fp32 bytes must be representable (overflow-checked): an
+// impossible shape is named here instead of ending in std::bad_alloc halfway.
+void check_sizes(const ModelConfig& cfg, const WeightSpecTable& table) {
+    (void)cfg;
+    for (const WeightSpec& spec : table.all()) {
+        int64_t n = 1;
+        bool ok = true;
+        for (int64_t d : spec.shape) ok = ok && d >= 0 && !__builtin_mul_overflow(n, d, &n);
+        ok = ok && n <= (int64_t{1} << 56);  // 256 PiB of fp32
+        CPFILL_CHECK(ok, "config: tensor {} would have shape {}: too large to generate", spec.name,
+                     shape_str(spec.shape));
+    }
+}
+
+// One file of the checkpoint: its items and stored bytes.
+struct Shard {
+    std::vector<const Item*> items;
+    size_t bytes = 0;      // stored bytes (data only)
+    size_t work = 0;       // the largest item's fp32 temporaries while it is made
+    size_t n_tensors = 0;  // stored tensors
+    std::string largest;   // the item with the largest fp32 temporaries
+    std::string file;
+};
+
+// fp32 values of an item before encoding (a stacked item makes one expert's at a time).
+size_t work_bytes(const Item& it) {
+    size_t f32 = 0;
+    for (const Out& o : it.outs) {
+        if (o.dtype == DType::F8_E8M0) continue;  // scales
+        int64_t n = shape_numel(o.shape);
+        if (o.dtype == DType::I8) n *= 2;  // packed fp4: two values a byte
+        f32 = std::max(f32, static_cast<size_t>(n) * 4);
+    }
+    return 2 * f32;  // the values and a conversion's copy
+}
+
+std::vector<Shard> plan_shards(const std::vector<Item>& items, size_t max_shard_bytes) {
+    std::vector<Shard> shards(1);
+    for (const Item& it : items) {
+        if (shards.back().bytes > 0 && shards.back().bytes + it.bytes() > max_shard_bytes)
+            shards.emplace_back();
+        Shard& sh = shards.back();
+        sh.items.push_back(&it);
+        sh.bytes += it.bytes();
+        if (work_bytes(it) > sh.work) sh.work = work_bytes(it), sh.largest = it.outs[0].name;
+        sh.n_tensors += it.outs.size();
+    }
+    for (size_t i = 0; i < shards.size(); ++i)
+        shards[i].file = shards.size() == 1 ? std::string("model.safetensors")
+                                            : fmt::format("model-{:05d}-of-{:05d}.safetensors",
+                                                          i + 1, shards.size());
+    return shards;
+}
+
+fs::path target_path(const std::string& dir) {
+    CPFILL_CHECK(!dir.empty(), "--out: expected a folder name");
+    fs::path root = fs::path(dir).lexically_normal();
+    if (root.filename().empty()) root = root.parent_path();  // "m/" → "m"
+    return root;
+}
+
+// The target can be made, the largest shard (with the fp32 values of its largest tensor) fits into
+// host memory, and the files fit on the disk and under the file size limit.
+void check_target(const fs::path& root, const std::vector<Shard>& shards, size_t max_shard_bytes) {
+    check_output_folder(root.string(), "--out");
+    const Shard* heaviest = &shards[0];
+    std::vector<PlannedOutput> files;
+    files.push_back({"--out config.json", (root / "config.json").string(), size_t{1} << 16});
+    for (const Shard& sh : shards) {
+        if (sh.bytes + sh.work > heaviest->bytes + heaviest->work) heaviest = &sh;
+        files.push_back({fmt::format("--out {}", sh.file), (root / sh.file).string(),
+                         sh.bytes + 4096 + 256 * sh.n_tensors});
+    }
+    if (shards.size() > 1)
+        files.push_back({"--out model.safetensors.index.json",
+                         (root / "model.safetensors.index.json").string(),
+                         4096 + 256 * static_cast<size_t>(shards.size()) * 64});
+    const size_t memory = heaviest->bytes + heaviest->work;
+    if (const auto have = host_memory_available())
+        CPFILL_CHECK(memory <= have->available,
+                     "out of host memory: generating {} needs {:.2f} GB ({:.2f} GB of stored "
+                     "tensors, at most max_shard_bytes {} unless one tensor is larger, and {:.2f} "
+                     "GB of fp32 values of {}) but {:.2f} GB are available ({})",
+                     heaviest->file, memory * 1e-9, heaviest->bytes * 1e-9, max_shard_bytes,
+                     heaviest->work * 1e-9, heaviest->largest, have->available * 1e-9,
+                     have->source);
+    check_output_space(files);
+}
+
+// The folder the checkpoint is written into before it is moved into place: beside the target
+// when the target does not exist (then renamed to it), else inside it (then its files are moved
+// up, replacing the earlier checkpoint's only once the new one is complete). Same filesystem
+// either way, so every move is a rename. Removed with its contents unless committed.
+struct Staging {
+    fs::path root, path;
+    bool into_existing = false;
+
+    explicit Staging(const fs::path& target) : root(target) {
+        std::error_code ec;
+        into_existing = fs::is_directory(root, ec);
+        const std::string tag = fmt::format(".gen-model-tmp-{}", ::getpid());
+        if (into_existing) {
+            path = root / tag;
+        } else {
+            const fs::path parent = root.has_parent_path() ? root.parent_path() : fs::path(".");
+            fs::create_directories(parent, ec);
+            CPFILL_CHECK(!ec, "--out {}: cannot create the folder {} ({})", root.string(),
+                         parent.string(), ec.message());
+            path = parent / fmt::format(".{}{}", root.filename().string(), tag);
+        }
+        fs::remove_all(path, ec);
+        fs::create_directory(path, ec);
+        CPFILL_CHECK(!ec, "--out {}: cannot create the folder {} ({})", root.string(),
+                     path.string(), ec.message());
+    }
+    ~Staging() {
+        std::error_code ec;
+        if (!path.empty()) fs::remove_all(path, ec);
+    }
+    Staging(const Staging&) = delete;
+    Staging& operator=(const Staging&) = delete;
+
+    void commit() {
+        std::error_code ec;
+        if (!into_existing) {
+            fs::rename(path, root, ec);
+            CPFILL_CHECK(!ec, "--out {}: moving the finished checkpoint into place failed ({})",
+                         root.string(), ec.message());
+            path.clear();
+            return;
+        }
+        // Weight files of an earlier run would be mixed into the new checkpoint by the loader.
+        remove_old_weights(root);
+        for (const auto& e : fs::directory_iterator(path)) {
+            fs::rename(e.path(), root / e.path().filename(), ec);
+            CPFILL_CHECK(!ec, "--out {}: moving {} into place failed ({})", root.string(),
+                         e.path().filename().string(), ec.message());
+        }
+    }
+};
 
 }  // namespace
 
@@ -308,35 +460,26 @@ void write_random_checkpoint(const ModelConfig& cfg, const std::string& dir,
     CPFILL_CHECK(o.experts == "same" || o.experts == "fp4", "experts \"{}\": expected same or fp4",
                  o.experts);
     CPFILL_CHECK(o.max_shard_bytes > 0, "max_shard_bytes must be positive");
+    check_tensor_count(cfg);
 
-    const fs::path root(dir);
-    fs::create_directories(root);
-    remove_old_weights(root);
-    write_text(root / "config.json", config_json(cfg, o));
-
+    // Everything is planned and checked before anything is written: sizes, memory, disk.
     ThreadPool pool(o.threads > 0 ? o.threads : default_thread_count());
     const WeightSpecTable table(cfg);
+    check_sizes(cfg, table);
     std::vector<Item> items = plan_items(cfg, table, naming, o, pool);
-    std::vector<std::vector<const Item*>> shards(1);
-    size_t shard_bytes = 0, total = 0;
-    for (const Item& it : items) {
-        if (shard_bytes > 0 && shard_bytes + it.bytes() > o.max_shard_bytes) {
-            shards.emplace_back();
-            shard_bytes = 0;
-        }
-        shards.back().push_back(&it);
-        shard_bytes += it.bytes();
-        total += it.bytes();
-    }
+    const std::vector<Shard> shards = plan_shards(items, o.max_shard_bytes);
+    const fs::path root = target_path(dir);
+    check_target(root, shards, o.max_shard_bytes);
 
+    // Written into a staging folder and moved into place when complete (see the header).
+    Staging staging(root);
+    write_text(staging.path / "config.json", config_json(cfg, o));
+    size_t total = 0, done = 0;
+    for (const Shard& sh : shards) total += sh.bytes;
     ojson weight_map = ojson::object();
-    for (size_t i = 0; i < shards.size(); ++i) {
-        const std::string file =
-            shards.size() == 1
-                ? std::string("model.safetensors")
-                : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    for (const Shard& sh : shards) {
         std::vector<std::pair<std::string, Tensor>> tensors;
-        for (const Item* it : shards[i]) {
+        for (const Item* it : sh.items) {
             std::vector<Tensor> made = it->make();
             for (size_t k = 0; k < made.size(); ++k) {
                 const Out& out = it->outs[k];
@@ -344,16 +487,19 @@ void write_random_checkpoint(const ModelConfig& cfg, const std::string& dir,
                              "internal: {} made as {} {}, planned {} {}", out.name, made[k].dtype(),
                              shape_str(made[k].shape()), out.dtype, shape_str(out.shape));
                 tensors.emplace_back(out.name, std::move(made[k]));
-                weight_map[out.name] = file;
+                weight_map[out.name] = sh.file;
             }
+            done += it->bytes();
+            if (o.on_progress) o.on_progress(done, total);
         }
-        write_safetensors((root / file).string(), tensors, {{"format", "pt"}});
+        write_safetensors((staging.path / sh.file).string(), tensors, {{"format", "pt"}});
     }
     if (shards.size() > 1)
         write_text(
-            root / "model.safetensors.index.json",
+            staging.path / "model.safetensors.index.json",
             ojson{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) +
                 "\n");
+    staging.commit();
 }
 
 }  // namespace cpfill

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/tensor.h"
@@ -30,9 +31,17 @@ struct RandomCheckpointOptions {
     std::string experts = "same";
     size_t max_shard_bytes = size_t{4} << 30;
     int threads = 0;  // 0: default_thread_count()
+    // Called after each tensor is made with the stored bytes done and in all (for a progress
+    // line); an exception from it stops the write like any other failure.
+    std::function<void(size_t done, size_t total)> on_progress;
 };
 
-// Writes config.json and the weights into `dir` (created if needed).
+// Writes config.json and the weights into `dir` (created if needed). First plans every tensor and
+// checks the sizes (no tensor too large to exist), the host memory a shard needs, the free disk
+// space and the file size limit, and refuses before writing anything. Then writes into a staging
+// folder (beside `dir`, or inside it when it exists) and moves the finished checkpoint into place:
+// on any failure `dir` is as it was (absent, or holding the earlier checkpoint) and the staging
+// folder is removed.
 void write_random_checkpoint(const ModelConfig& cfg, const std::string& dir,
                              const RandomCheckpointOptions& opt);
 

@@ -1,12 +1,13 @@
 // safetensors writing: one file, or shards plus model.safetensors.index.json (the HF layout).
 // Data is contiguous in the given order with no gaps (the reference Rust reader rejects gaps); the
-// header is padded with spaces so the data area starts 8-byte aligned.
+// header is padded with spaces so the data area starts 8-byte aligned. Every file goes through an
+// AtomicFile: a failed write leaves no truncated file.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 
 namespace cpfill {
@@ -16,11 +17,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using ojson = nlohmann::ordered_json;  // keeps the header in the order the tensors were given
-
-void write_bytes(std::ofstream& out, const void* data, size_t n, const std::string& path) {
-    if (n > 0) out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    CPFILL_CHECK(out.good(), "{}: write of {} bytes failed", path, n);
-}
 
 void check_names(const std::vector<std::pair<std::string, Tensor>>& tensors,
                  const std::string& path) {
@@ -56,16 +52,14 @@ void write_safetensors(const std::string& path,
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // 8 + header length ≡ 0 (mod 8)
 
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    CPFILL_CHECK(out.is_open(), "{}: cannot create file", path);
+    AtomicFile out(path);  // a failure leaves the old file (or none), never a truncated one
     unsigned char len[8];
     for (int i = 0; i < 8; ++i)
         len[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
-    write_bytes(out, len, 8, path);
-    write_bytes(out, text.data(), text.size(), path);
-    for (const auto& [name, t] : tensors) write_bytes(out, t.raw(), t.nbytes(), path);
-    out.close();
-    CPFILL_CHECK(!out.fail(), "{}: closing the file failed", path);
+    out.write(len, 8);
+    out.write(text.data(), text.size());
+    for (const auto& [name, t] : tensors) out.write(t.raw(), t.nbytes());
+    out.commit();
 }
 
 void write_safetensors_sharded(const std::string& dir,
@@ -103,12 +97,8 @@ void write_safetensors_sharded(const std::string& dir,
         for (const auto& [name, t] : shards[i]) weight_map[name] = file;
     }
     const ojson index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
-    std::ofstream out(index_path, std::ios::trunc);
-    CPFILL_CHECK(out.is_open(), "{}: cannot create file", index_path);
-    out << index.dump(2) << '\n';
-    out.close();
-    CPFILL_CHECK(!out.fail(), "{}: write failed", index_path);
+    write_file_atomically((fs::path(dir) / "model.safetensors.index.json").string(),
+                          index.dump(2) + "\n");
 }
 
 }  // namespace cpfill
