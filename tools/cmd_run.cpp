@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "engine/bench_report.h"
 #include "engine/kv_export.h"
 #include "engine/prefill_engine.h"
 #include "io/model_config.h"
@@ -73,9 +72,10 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     j["memory"] = {{"rank_weight_bytes", engine.rank_weight_bytes()},
                    {"peak_rss_bytes", peak_rss_bytes()}};
     if (a.device == "cuda") {
+        // No phases_s: `run` does not time phases (that needs a timed run, `cpfill bench`), and
+        // zeros would read as measurements.
         j["gpu"] = {{"peak_bytes_per_gpu", r.gpu.peak_bytes},
-                    {"weight_bytes_per_gpu", r.gpu.weight_bytes},
-                    {"phases_s", phases_to_json(r.gpu.phases)}};
+                    {"weight_bytes_per_gpu", r.gpu.weight_bytes}};
     }
     if (!a.logits_out.empty()) j["logits_out"] = a.logits_out;
     if (!a.kv_out.empty()) j["kv_out"] = a.kv_out;

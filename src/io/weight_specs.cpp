@@ -24,7 +24,7 @@ struct Builder {
     std::vector<WeightSpec>& out;
     int layer;
     int expert = -1;
-    Shard shard = Shard::Replicated;
+    CpShard shard = CpShard::Replicated;
     void add(std::string name, Shape shape, WeightClass cls, WeightSlot slot, WeightInit init) {
         out.push_back({std::move(name), std::move(shape), cls, layer, expert, slot, shard, init});
     }
@@ -54,15 +54,15 @@ void add_compressor(Builder& b, const std::string& p, int64_t d_model, int64_t d
     b.norm(p + "norm.weight", dim, indexer ? S::IdxCompNorm : S::CompNorm);
 }
 
-// An expert's SwiGLU matrices; CP ranks slice them over the hidden width (Shard).
+// An expert's SwiGLU matrices; CP ranks slice them over the hidden width (CpShard).
 void add_expert(Builder& b, const std::string& x, int64_t D, int64_t I, WeightClass cls) {
-    b.shard = Shard::HiddenRows;
+    b.shard = CpShard::HiddenRows;
     b.linear(x + "w1.weight", I, D, cls, S::W1);
-    b.shard = Shard::HiddenCols;
+    b.shard = CpShard::HiddenCols;
     b.linear(x + "w2.weight", D, I, cls, S::W2);
-    b.shard = Shard::HiddenRows;
+    b.shard = CpShard::HiddenRows;
     b.linear(x + "w3.weight", I, D, cls, S::W3);
-    b.shard = Shard::Replicated;
+    b.shard = CpShard::Replicated;
 }
 
 void add_layer(const ModelConfig& c, int i, std::vector<WeightSpec>& out) {
@@ -165,7 +165,7 @@ const WeightSpec& WeightSpecTable::at(const std::string& canonical) const {
     return *s;
 }
 
-bool is_expert_weight(const WeightSpec& spec) { return spec.shard != Shard::Replicated; }
+bool is_expert_weight(const WeightSpec& spec) { return spec.shard != CpShard::Replicated; }
 
 bool is_gemm_weight(const WeightSpec& spec) {
     return spec.shape.size() == 2 && spec.cls != WeightClass::F32 && spec.cls != WeightClass::I64;

@@ -79,7 +79,7 @@ enum class WeightSlot : uint8_t {
 // replicated; every expert (routed and shared) sliced over its hidden width, rank r of C holding
 // units [moe_dim·r/C, moe_dim·(r+1)/C) (slice_width in model/weights.h): rows of w1 / w3, columns
 // of w2.
-enum class Shard : uint8_t { Replicated, HiddenRows, HiddenCols };
+enum class CpShard : uint8_t { Replicated, HiddenRows, HiddenCols };
 
 // Random weights (gen-model, bench) draw each value as mean + std · N(0, 1), or a uniform of the
 // same mean and deviation.
@@ -94,7 +94,7 @@ struct WeightSpec {
     int layer = -1;   // -1 for the top-level tensors
     int expert = -1;  // routed expert index, -1 otherwise (also for the shared expert)
     WeightSlot slot = WeightSlot::Embed;
-    Shard shard = Shard::Replicated;
+    CpShard shard = CpShard::Replicated;
     WeightInit init;
 };
 

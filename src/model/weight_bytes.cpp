@@ -7,7 +7,7 @@ namespace cpfill {
 
 int64_t rank_numel(const WeightSpec& spec, const ModelConfig& cfg, ExpertSlice slice) {
     const int64_t n = shape_numel(spec.shape);
-    if (spec.shard == Shard::Replicated) return n;
+    if (spec.shard == CpShard::Replicated) return n;
     // Each expert tensor is moe_dim × d_model (w1 / w3 rows, w2 columns): the slice is exactly
     // width / moe_dim of it.
     return n / cfg.moe_dim * slice_width(cfg.moe_dim, slice);

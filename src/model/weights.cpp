@@ -186,7 +186,7 @@ ModelWeights load_weights(const Checkpoint& ck, ExpertSlice slice) {
     w.layers.resize(cfg.n_layers);
     for (int i = 0; i < cfg.n_layers; ++i) init_layer(w.layers[i], cfg, i);
     for (const WeightSpec& spec : ck.specs().all()) {
-        if (spec.shard == Shard::Replicated) {
+        if (spec.shard == CpShard::Replicated) {
             *tensor_slot(w, spec) =
                 spec.cls == WeightClass::I64 ? ck.get_i64(spec.name) : ck.get_f32(spec.name);
         } else if (spec.slot == WeightSlot::W1) {  // w1, w3 and w2 of this expert at once
@@ -377,7 +377,7 @@ class LoadPlan {
 // the plan has run: tid2eid is written into it).
 void plan_dense(LoadPlan& p, const Checkpoint& ck, const LoadPart& part, ModelWeights& dense) {
     for (const WeightSpec& spec : ck.specs().all()) {
-        if (spec.shard != Shard::Replicated) continue;
+        if (spec.shard != CpShard::Replicated) continue;
         if (spec.layer < 0 ? !part.top : !part.has_layer(spec.layer)) continue;
         Tensor* t = tensor_slot(dense, spec);
         if (spec.cls == WeightClass::I64)
@@ -394,7 +394,8 @@ void plan_experts(LoadPlan& p, const Checkpoint& ck, const LoadPart& part,
                   std::vector<ModelWeights>& ranks) {
     const ModelConfig& cfg = ck.config();
     for (const WeightSpec& spec : ck.specs().all()) {
-        if (spec.shard == Shard::Replicated || spec.slot == WeightSlot::W3) continue;  // W3: in W1
+        if (spec.shard == CpShard::Replicated || spec.slot == WeightSlot::W3)
+            continue;  // W3: in W1
         if (!part.has_layer(spec.layer)) continue;
         for (ModelWeights& w : ranks) {
             // Slice r of C holds hidden units [moe_dim·r/C, moe_dim·(r+1)/C), as in

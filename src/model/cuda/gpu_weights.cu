@@ -240,7 +240,7 @@ void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h) {
         const Tensor* host = h ? opt(tensor_slot(*h, spec)) : nullptr;
         if (spec.slot == WeightSlot::Tid2eid) {
             build_tid2eid(g.tid2eid, cfg, li, host, b.seed(), b.bytes());
-        } else if (spec.shard == Shard::Replicated) {
+        } else if (spec.shard == CpShard::Replicated) {
             CPFILL_CHECK(!h || host, "upload: weight {} is missing from the host weights",
                          spec.name);
             b(gpu_slot(g, spec), spec, cfg, gw.slice, host);
