@@ -272,6 +272,29 @@ TEST(Cli, CudaDeviceWithoutBackend) {
                        {"cuda"});
 }
 
+// The tiny-text preset has DeepSeek's vocabulary: the README's text examples run on it.
+TEST(Cli, TinyTextPresetRunsTheReadmeTextExamples) {
+    TempDir tmp;
+    const std::string m = tmp.file("m");
+    Result g = run_cli("gen-model --preset tiny-text --out " + m);
+    ASSERT_EQ(g.code, 0) << g.out;
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(m + "/config.json"));
+    EXPECT_EQ(cfg["vocab_size"], 129280);
+    Result r = run_cli("run --model " + m + " --prompt \"Hello\" --cp 4 --tbo on");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("first token"), std::string::npos) << r.out;
+    std::string text;
+    for (int i = 0; i < 40; ++i)
+        text += "The quick brown fox jumps over the lazy dog. 你好，世界！\n";
+    test::write_file(tmp.file("long.txt"), text);
+    Result j = run_cli("run --model " + m + " --prompt-file " + tmp.file("long.txt") +
+                       " --chunk 4096 --kv-out " + tmp.file("kv") + " --json");
+    ASSERT_EQ(j.code, 0) << j.out;
+    auto out = nlohmann::json::parse(j.out);
+    EXPECT_GT(out["requests"][0]["tokens"].get<int>(), 400) << j.out;
+    EXPECT_TRUE(fs::exists(tmp.file("kv") + "/request_0.safetensors"));
+}
+
 // Error lines end in the source location only with CPFILL_DEBUG=1 (docs/cli.md).
 TEST(Cli, SourceLocationsOnlyWithDebug) {
     const std::regex location(R"(\[[^\]]*\.(cpp|cu|h):[0-9]+\])");
