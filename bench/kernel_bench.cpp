@@ -227,10 +227,11 @@ void bench_mhc(int reps) {
         },
         reps);
     const double h_gb = rows * width * 4 / 1e9;
-    std::printf("mhc_pre %lld x %d x %lld: %.3f ms (%.0f GB/s of h, read twice); with the fp32 "
-                "GEMM %.3f ms\n",
-                static_cast<long long>(rows), hc, static_cast<long long>(d_model), pre_ms,
-                2 * h_gb / (pre_ms * 1e-3), pre_gemm_ms);
+    std::printf(
+        "mhc_pre %lld x %d x %lld: %.3f ms (%.0f GB/s of h, read twice); with the fp32 "
+        "GEMM %.3f ms\n",
+        static_cast<long long>(rows), hc, static_cast<long long>(d_model), pre_ms,
+        2 * h_gb / (pre_ms * 1e-3), pre_gemm_ms);
     std::printf("mhc_post %lld x %d x %lld: %.3f ms (%.0f GB/s of h, read + write)\n",
                 static_cast<long long>(rows), hc, static_cast<long long>(d_model), post_ms,
                 2 * h_gb / (post_ms * 1e-3));
