@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <regex>
 #include <thread>
 
 #include "core/error.h"
@@ -128,11 +127,15 @@ TEST(Communicator, AbsentRankEndsInAnErrorAtTheDeadline) {
     });
     // A rank's wait runs out and names the absent rank (and the other present one, had its thread
     // not yet arrived); it wakes the other with that reason.
-    const std::regex missing(R"(ranks not yet at this collective: ([01], )?2\))");
+    const std::string key = "ranks not yet at this collective: ";
     for (int r = 0; r < 2; ++r) {
         EXPECT_NE(errors[r].find("all_gather #1"), std::string::npos) << errors[r];
         EXPECT_NE(errors[r].find("did not arrive within 300 ms"), std::string::npos) << errors[r];
-        EXPECT_TRUE(std::regex_search(errors[r], missing)) << errors[r];
+        const size_t at = errors[r].find(key);
+        ASSERT_NE(at, std::string::npos) << errors[r];
+        const std::string list =
+            errors[r].substr(at + key.size(), errors[r].find(')', at) - at - key.size());
+        EXPECT_TRUE(list == "2" || list == "0, 2" || list == "1, 2") << errors[r];
     }
     EXPECT_EQ(errors[2], "");
 }
