@@ -42,5 +42,8 @@ if [ "$kind" = thread ]; then
     "$dir/tests/test_runtime" --gtest_filter=-Communicator.DelayInjectionExposesAMissingWait
     "$dir/tests/test_parallel"
 else
-    ctest --test-dir "$dir" --output-on-failure -j "$jobs" -L unit
+    # CpuEstimateFollowsTheMeasuredGrowth compares the peak RSS with cpu_prefill_bytes, which
+    # AddressSanitizer's shadow memory and quarantine inflate: left out here.
+    ctest --test-dir "$dir" --output-on-failure -j "$jobs" -L unit \
+        -E '^CliMemory\.CpuEstimateFollowsTheMeasuredGrowth$'
 fi
