@@ -1,5 +1,6 @@
 // cpfill: command-line entry point. Parses the subcommand, runs it, and turns any error into one
-// "error: ..." line on stderr and a non-zero exit code (design.md §1; exit codes in docs/cli.md).
+// "error: ..." line on stderr and a non-zero exit code (docs/design.md §1; exit codes in
+// docs/cli.md).
 #include <cstdio>
 #include <exception>
 #include <map>
