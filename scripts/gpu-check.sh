@@ -5,6 +5,8 @@
 #   GPU_CHECK_CPU=0                 skip the CPU suite
 #   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments
 #   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them
+# A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
+# than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
 # The GPU machine has no network: carry .cache/tokenizer (device tool: carry [".cache/tokenizer"])
 # or the tokenizer tests fail there for want of tokenizer.json.
@@ -32,6 +34,18 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
     build-gpu/tests/test_cuda --gtest_filter="${GTEST_FILTER:-*}" >"$out/cuda-tests.log" 2>&1 ||
         status=1
     echo "cuda tests: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+    # This is a machine with GPUs: a GPU test that skipped is a failure (a broken driver must not
+    # pass), unless it needs more GPUs than there are.
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+    if [ "${gpus:-0}" -eq 0 ]; then
+        echo "gpu-check: nvidia-smi lists no GPU (driver not loaded?)" | tee -a "$out/times.txt"
+        status=1
+    fi
+    scripts/check-gpu-skips.sh "$out/cuda-tests.log" "${gpus:-0}" | tee -a "$out/times.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+elif [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
+    echo "gpu-check: build-gpu/tests/test_cuda was not built" | tee -a "$out/times.txt"
+    status=1
 fi
 if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
     build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1

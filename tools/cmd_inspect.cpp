@@ -50,7 +50,8 @@ int inspect(const std::string& dir, int cp) {
     for (const auto& [name, e] : by_dtype)
         fmt::print("  {:8} {:6} weights  {}\n", name, e.first, gib(e.second));
     fmt::print("  stored {}; CPU backend (fp32) needs {}\n", gib(stored), gib(fp32));
-    // design.md §4: attention, norms, router and head replicated; routed and shared experts 1/C.
+    // docs/design.md §4: attention, norms, router and head replicated; routed and shared experts
+    // 1/C.
     fmt::print("  per rank with --cp {}: stored {} (experts {} / {}), CPU fp32 {}\n", cp,
                gib(stored - expert_stored + expert_stored / cp), gib(expert_stored), cp,
                gib(fp32 - expert_fp32 + expert_fp32 / cp));

@@ -302,7 +302,8 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--input-ids-file", args->input_ids_file,
                   "safetensors with input_ids [S] or [B, S], or text: one request per line");
     c->add_option("--device", args->device,
-                  "cpu, or cuda (one GPU per CP rank; under mpirun one process per GPU)");
+                  "cpu, or cuda (one GPU per CP rank; under mpirun one process per GPU)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");
     c->add_flag("--all-logits", args->all_logits, "logits of every position, not only the last");
@@ -317,7 +318,8 @@ Runner add_run_command(CLI::App& app) {
         "--kv-out", args->kv_out,
         "write each request's KV state for a decoder into this folder (docs/kv-state.md)");
     c->add_option("--inject-fault-rank", args->inject_fault_rank,
-                  "tests only: this GPU rank fails at layer 1 (checks that its peers stop)");
+                  "tests only: this GPU rank fails at layer 1 (checks that its peers stop)")
+        ->group("");  // hidden from --help
     c->add_flag("--json", args->json, "print one JSON object instead of text (docs/cli.md)");
     return [args] { return run(*args); };
 }

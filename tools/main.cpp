@@ -1,10 +1,11 @@
 // cpfill: command-line entry point. Parses the subcommand, runs it, and turns any error into one
-// "error: ..." line on stderr and a non-zero exit code (design.md §1; exit codes in docs/cli.md).
+// "error: ..." line on stderr and a non-zero exit code (docs/design.md §1; exit codes in
+// docs/cli.md).
 #include <cstdio>
 #include <exception>
 #include <map>
 
-#include "core/error.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -17,20 +18,20 @@ int main(int argc, char** argv) {
         Runner r = add(app);
         runners[app.get_subcommands({}).back()] = r;
     }
+    apply_shared_option_rules(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-        const int code = app.exit(e);  // prints help or the usage error
-        return code == 0 ? 0 : 2;      // docs/cli.md: 2 = command-line usage error
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help: the usage on stdout
+        // docs/cli.md: 2 = command-line usage error, one "error:" line naming the nearest option
+        std::fprintf(stderr, "%s\n", usage_error_line(app, e).c_str());
+        return 2;
     }
     try {
         for (auto& [cmd, run] : runners)
             if (cmd->parsed()) return run();
-    } catch (const cpfill::Error& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return 1;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
+        std::fprintf(stderr, "%s\n", error_line(e).c_str());
         return 1;
     }
     return 2;

@@ -1,4 +1,4 @@
-// MpiSession: the multi-process mode of the CUDA backend (design.md §4: one process per GPU or
+// MpiSession: the multi-process mode of the CUDA backend (docs/design.md §4: one process per GPU or
 // machine under mpirun; NCCL bootstrapped with a unique id broadcast over MPI). Active when this
 // process was started by mpirun with more than one process (OpenMPI's or PMI's environment);
 // tools/ is the only place that reads the environment.

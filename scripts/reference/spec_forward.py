@@ -1,5 +1,5 @@
 """Independent re-implementation of the DeepSeek-V4 prefill forward, written from the
-specification (shared/docs/dsv4-architecture.md §3), not from Hugging Face's code.
+specification (docs/architecture.md §3), not from Hugging Face's code.
 
 generate.py runs it (in float64 and float32) next to HF transformers on the same weights and
 reports, layer by layer, how far HF is from it. That checks two things at once: that the spec

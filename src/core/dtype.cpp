@@ -1,6 +1,6 @@
 // Element types: sizes, safetensors spellings, and exact scalar conversions to and from fp32.
 // Encoders round to nearest, ties to even, by scaling |v| by a power of two (exact) so that one
-// quantisation step becomes 1 and rounding the result to an integer. See dsv4-architecture.md §6.4.
+// quantisation step becomes 1 and rounding the result to an integer. See docs/architecture.md §6.4.
 #include "core/dtype.h"
 
 #include <algorithm>

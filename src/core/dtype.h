@@ -1,7 +1,7 @@
 // Element types of checkpoints and tensors, and scalar conversions between them and fp32.
 // Formats: bf16; fp8 e4m3fn (no inf, max 448); E8M0 scale bytes (2^(b-127), 255 = NaN);
 // fp4 e2m1 codes (values {0, .5, 1, 1.5, 2, 3, 4, 6} and sign bit 3), packed two per byte with
-// element 2c in the low nibble (dsv4-architecture.md §6.4).
+// element 2c in the low nibble (docs/architecture.md §6.4).
 #pragma once
 
 #include <fmt/format.h>

@@ -7,7 +7,7 @@ namespace cpfill::detail {
 
 void throw_error(const char* file, int line, const std::string& message) {
     const char* src = std::strstr(file, "src/");
-    throw Error(fmt::format("{} [{}:{}]", message, src ? src : file, line));
+    throw Error(message, fmt::format("{}:{}", src ? src : file, line));
 }
 
 }  // namespace cpfill::detail

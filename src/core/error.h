@@ -1,18 +1,26 @@
 // Errors: cpfill::Error and the CPFILL_CHECK family. Library code throws; only tools/ prints and
-// exits. Messages name what was expected and what was found; the throw site (file:line) is
-// appended.
+// exits. Messages name what was expected and what was found; the throw site (file:line) travels
+// beside the message (Error::location), so what() is what a user reads and the CLI shows the
+// location only when asked to (CPFILL_DEBUG=1, docs/cli.md).
 #pragma once
 
 #include <fmt/format.h>
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace cpfill {
 
 class Error : public std::runtime_error {
   public:
-    explicit Error(const std::string& what) : std::runtime_error(what) {}
+    explicit Error(const std::string& what, std::string location = {})
+        : std::runtime_error(what), location_(std::move(location)) {}
+    // "src/io/safetensors.cpp:120" for an error thrown by the CPFILL_CHECK family, else empty.
+    const std::string& location() const { return location_; }
+
+  private:
+    std::string location_;
 };
 
 namespace detail {

@@ -1,4 +1,4 @@
-// The bench report: FLOP model (dsv4-architecture.md §5.1), derived ratios (performance.md
+// The bench report: FLOP model (docs/architecture.md §5.1), derived ratios (docs/performance.md
 // "How to count") and the markdown and JSON writers. The SVG plot is in bench_plot.cpp.
 #include "engine/bench_report.h"
 
@@ -234,7 +234,7 @@ std::string header(const BenchReport& r) {
                                   : std::string("not measured (one GPU).\n");
     }
     s += fmt::format(
-        "FLOPs as in dsv4-architecture.md §5.1 (keys really attended, indexer scoring over "
+        "FLOPs as in docs/architecture.md §5.1 (keys really attended, indexer scoring over "
         "eligible entries, head for the last token); MFU = FLOPs / ({:.0f} TFLOP/s × GPUs × "
         "TTFT).\n\n",
         kPeakFlopsPerGpu / 1e12);

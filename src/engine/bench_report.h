@@ -1,8 +1,8 @@
-// The `cpfill bench` report (docs/bench.md): the FLOP model of a prefill (dsv4-architecture.md
+// The `cpfill bench` report (docs/bench.md): the FLOP model of a prefill (docs/architecture.md
 // §5.1), one row per (cp, tbo, prompt length) holding what was measured and the ratios derived from
-// it (performance.md: MFU, CP speed-up, exposed communication, full-model projection), and three
-// writers: a markdown table, JSON and an SVG plot. No GPU code here: tools/cmd_bench.cpp runs the
-// prefills and fills the measured fields; finalize_report derives the rest.
+// it (docs/performance.md: MFU, CP speed-up, exposed communication, full-model projection), and
+// three writers: a markdown table, JSON and an SVG plot. No GPU code here: tools/cmd_bench.cpp runs
+// the prefills and fills the measured fields; finalize_report derives the rest.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 
 namespace cpfill {
 
-// Dense bf16 peak of one H200 (fp8 GEMMs are counted against it too, performance.md).
+// Dense bf16 peak of one H200 (fp8 GEMMs are counted against it too, docs/performance.md).
 inline constexpr double kPeakFlopsPerGpu = 989e12;
 
 // FLOPs (1 multiply-add = 2) of one layer over the prefill of one request of `length` tokens,
@@ -32,7 +32,7 @@ struct LayerFlops {
     double total() const;
 };
 // Hash-routed layers still compute the router's scores (they renormalise the learned scores of
-// the table's experts, dsv4-architecture.md §7.18), so `mlp` does not change the count.
+// the table's experts, docs/architecture.md §7.18), so `mlp` does not change the count.
 LayerFlops layer_flops(const ModelConfig& cfg, AttnType attn, MlpType mlp, int64_t length);
 double head_flops(const ModelConfig& cfg);  // lm head for the last token only: 2·D·V
 // Every layer of cfg.layer_types plus the head.

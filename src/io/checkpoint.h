@@ -2,9 +2,9 @@
 // by canonical (official) tensor name, whatever naming it was written with — upstream, HF
 // save_pretrained (hf-saved) or the HF module tree (hf-module, stacked routed experts) — and
 // whatever format: f32, bf16, f16, fp8 e4m3 with E8M0 128×128 block scales, packed fp4 e2m1
-// experts with E8M0 1×32 scales (design.md §7, dsv4-architecture.md §6). Tensors are dequantised
-// to fp32 on request, checked against the weight table of the config; errors name the canonical
-// tensor, the stored name and file, the expected and the found shape/dtype.
+// experts with E8M0 1×32 scales (docs/design.md §7, docs/architecture.md §6). Tensors are
+// dequantised to fp32 on request, checked against the weight table of the config; errors name the
+// canonical tensor, the stored name and file, the expected and the found shape/dtype.
 #pragma once
 
 #include <memory>

@@ -5,7 +5,7 @@
 // n_heads, moe_inter_dim, rope_factor, original_seq_len, ...). Every field is looked up under its
 // HF name first, then under its legacy/reference aliases. The legacy folding follows
 // DeepseekV4Config.__post_init__ (configuration_deepseek_v4.py) step by step; see
-// dsv4-architecture.md §1–§2. Stricter than HF in one respect: explicit layer_types /
+// docs/architecture.md §1–§2. Stricter than HF in one respect: explicit layer_types /
 // mlp_layer_types must have exactly num_hidden_layers entries (HF truncates longer lists
 // silently); compress_ratios may carry the extra MTP entries of the release.
 #include "io/model_config.h"

@@ -1,7 +1,7 @@
 // ModelConfig: every hyperparameter of a DeepSeek-V4 model that the forward pass reads, parsed from
 // a checkpoint's config.json in either the HF form (layer_types, compress_rates, mlp_layer_types,
 // rope_parameters {main, compress}) or the official form (compress_ratios, num_hash_layers,
-// rope_scaling, dim, n_layers, ...). See dsv4-architecture.md §1–§2.
+// rope_scaling, dim, n_layers, ...). See docs/architecture.md §1–§2.
 #pragma once
 
 #include <cstdint>

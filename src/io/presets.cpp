@@ -117,16 +117,28 @@ ModelConfig tiny() {
     return c;
 }
 
+// tiny with DeepSeek's vocabulary (129,280 ids, as released: the tokenizer's 128,815 padded), so
+// that text prompts run on it; d_model 128 keeps the embedding and head at 33 M parameters
+// (132 MB in fp32 for both), the rest is tiny's.
+ModelConfig tiny_text() {
+    ModelConfig c = tiny();
+    c.vocab_size = release_common().vocab_size;
+    c.d_model = 128;
+    return c;
+}
+
 }  // namespace
 
 std::vector<std::string> preset_names() {
-    return {"tiny", "flash", "pro", "flash-slice", "pro-slice"};
+    return {"tiny", "tiny-text", "flash", "pro", "flash-slice", "pro-slice"};
 }
 
 ModelConfig preset_config(const std::string& name) {
     ModelConfig c;
     if (name == "tiny")
         c = tiny();
+    else if (name == "tiny-text")
+        c = tiny_text();
     else if (name == "flash")
         c = flash(43);
     else if (name == "pro")

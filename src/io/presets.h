@@ -1,6 +1,7 @@
 // Named ModelConfig presets: "tiny" (a small model of the real architecture for tests and the
-// demo), "flash" / "pro" (the released V4-Flash / V4-Pro hyperparameters, dsv4-architecture.md §1)
-// and "flash-slice" / "pro-slice" (their first four layers at real dimensions, for benchmarks).
+// demo), "tiny-text" (tiny with DeepSeek's 129,280-id vocabulary, for text prompts), "flash" /
+// "pro" (the released V4-Flash / V4-Pro hyperparameters, docs/architecture.md §1) and "flash-slice"
+// / "pro-slice" (their first four layers at real dimensions, for benchmarks).
 #pragma once
 
 #include <string>

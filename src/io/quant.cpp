@@ -1,4 +1,4 @@
-// Whole-tensor conversions between fp32 and the checkpoint formats (dsv4-architecture.md §6.4).
+// Whole-tensor conversions between fp32 and the checkpoint formats (docs/architecture.md §6.4).
 // Block scales are E8M0 powers of two 2^k with k the smallest integer such that amax / 2^k fits
 // the element format (448 for e4m3, 6 for e2m1); dividing by 2^k is exact, so the only rounding
 // is the element encoder's (nearest, ties to even). An all-zero block gets 2^0 (byte 127).

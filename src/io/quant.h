@@ -1,5 +1,5 @@
 // Conversions of whole weight tensors between fp32 and the checkpoint formats
-// (dsv4-architecture.md §6.4):
+// (docs/architecture.md §6.4):
 //  * bf16 / f16 / f32 element-wise;
 //  * fp8 e4m3 with E8M0 block scales over 128×128 tiles: W[r,c] = q[r,c] · 2^(s[r/128, c/128]-127),
 //    scale tensor [ceil(rows/128), ceil(cols/128)] (edge tiles partial);

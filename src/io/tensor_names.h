@@ -1,5 +1,5 @@
 // One table of tensor names across the three namings a DeepSeek-V4 checkpoint can use
-// (dsv4-architecture.md §6.1, §8):
+// (docs/architecture.md §6.1, §8):
 //  * upstream  — the official release: embed.weight, layers.N.attn.wq_a.weight, ... (canonical);
 //  * hf-saved  — what transformers 5.17 save_pretrained writes: model.embed_tokens.weight,
 //                head.weight, model.hc_head.hc_fn, model.layers.N.attn.norm.weight (the kv norm),

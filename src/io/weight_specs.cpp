@@ -1,4 +1,4 @@
-// Weight table of a DeepSeek-V4 model (dsv4-architecture.md §6.2). Shapes for V4-Flash, e.g.:
+// Weight table of a DeepSeek-V4 model (docs/architecture.md §6.2). Shapes for V4-Flash, e.g.:
 // wq_a [1024, 4096], wq_b [32768, 1024], wo_a [8192, 4096] (o_groups·o_rank × per-group input),
 // CSA compressor wkv [1024, 4096] (2·head_dim: overlapping windows), HCA compressor wkv
 // [512, 4096], hc_attn_fn [24, 16384] ((2 + hc)·hc × hc·d_model).

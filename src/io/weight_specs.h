@@ -1,6 +1,6 @@
 // The one table of every weight of a DeepSeek-V4 model, derived from a ModelConfig: canonical
 // (official release) name, logical shape (as the forward pass uses it, after dequantisation),
-// storage class in the official release (dsv4-architecture.md §6.2–§6.4), the field it fills in a
+// storage class in the official release (docs/architecture.md §6.2–§6.4), the field it fills in a
 // backend's weights (slot), how CP ranks hold it (shard) and the distribution random weights draw
 // from (init). Which tensors exist depends on the layer type (compressor on CSA/HCA, indexer on
 // CSA) and on the MoE routing (gate.bias on learned layers, gate.tid2eid on hash layers). MTP

@@ -1,5 +1,5 @@
-// The attention sub-block of one layer (dsv4-architecture.md §3.4–3.7) on the CPU backend, cut
-// where context parallelism needs a collective (design.md §4):
+// The attention sub-block of one layer (docs/architecture.md §3.4–3.7) on the CPU backend, cut
+// where context parallelism needs a collective (docs/design.md §4):
 //   attn_pack     local rows → what the KV store needs of them (key, compressor projections);
 //   attn_queries  local rows → queries, indexer queries and head weights;
 //   attn_output   local queries against the KV store (which by then holds every token of the

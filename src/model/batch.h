@@ -1,4 +1,4 @@
-// A batch of token segments flattened into one sequence (design.md §4). A segment is a run of
+// A batch of token segments flattened into one sequence (docs/design.md §4). A segment is a run of
 // consecutive positions of one request; a request may continue a segment processed earlier
 // (chunked prefill, the second half of a two-batch-overlap split), whose keys are then already in
 // the KV store. Every row keeps its request id and its position inside the request.

@@ -1,4 +1,4 @@
-// The KV store (design.md §4): per request and layer, in global token order, every key of the
+// The KV store (docs/design.md §4): per request and layer, in global token order, every key of the
 // window branch (K = V), the compressed entries (main, and indexer keys in CSA layers) and the
 // compressors' buffered tails — the projections of tokens whose windows are not complete yet (and,
 // for CSA, of the last complete window, whose Ca half the next entry needs). Appending tokens pools

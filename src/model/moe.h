@@ -1,4 +1,4 @@
-// The MoE sub-block (dsv4-architecture.md §3.8) on the CPU backend: router (learned or hash) on all
+// The MoE sub-block (docs/architecture.md §3.8) on the CPU backend: router (learned or hash) on all
 // rows, each routed expert and the shared expert over the rows that use it. With an expert slice
 // (tensor-parallel MoE) the result is this rank's partial sum; summing the partials of all slices
 // gives the full output.

@@ -1,6 +1,6 @@
 // DeepSeek-V4 weights as fp32 host tensors for the CPU backend, loaded from a Checkpoint by
 // canonical (official) names. Routed and shared experts may be loaded as a 1/parts slice of their
-// hidden width (rows of w1/w3, columns of w2) for the tensor-parallel MoE of design.md §4;
+// hidden width (rows of w1/w3, columns of w2) for the tensor-parallel MoE of docs/design.md §4;
 // load_rank_weights reads all ranks' views at once, in parallel (docs/loading.md).
 #pragma once
 

@@ -1,5 +1,5 @@
 // Shared-KV attention of one query over its window keys and chosen compressed entries, with a
-// per-head sink in the softmax denominator (dsv4-architecture.md §3.4 steps 4–7). K = V.
+// per-head sink in the softmax denominator (docs/architecture.md §3.4 steps 4–7). K = V.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Compressor pooling (dsv4-architecture.md §3.5–3.7): per-channel softmax over the slots of a
+// Compressor pooling (docs/architecture.md §3.5–3.7): per-channel softmax over the slots of a
 // window of `ratio` tokens. HCA: slots = the window's tokens. CSA (overlap): 2·ratio slots = the
 // Ca half (first dim channels) of window w−1's tokens and the Cb half (last dim channels) of window
 // w's tokens; window 0 has no Ca slots (weight exactly 0).

@@ -1,4 +1,4 @@
-// Lightning-indexer scoring and top-k (dsv4-architecture.md §3.7, steps 4–5), fp32 as in HF.
+// Lightning-indexer scoring and top-k (docs/architecture.md §3.7, steps 4–5), fp32 as in HF.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Manifold-constrained hyper-connections (dsv4-architecture.md §3.3, §3.9), per token, fp32.
+// Manifold-constrained hyper-connections (docs/architecture.md §3.3, §3.9), per token, fp32.
 // Residual state h: [rows, hc, d_model] (stream-major per token).
 #pragma once
 

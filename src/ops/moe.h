@@ -1,4 +1,4 @@
-// MoE routing and SwiGLU experts (dsv4-architecture.md §3.8), fp32.
+// MoE routing and SwiGLU experts (docs/architecture.md §3.8), fp32.
 #pragma once
 
 #include <cstdint>

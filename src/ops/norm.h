@@ -1,4 +1,4 @@
-// RMS norms over the last dimension, fp32 (dsv4-architecture.md §3.0).
+// RMS norms over the last dimension, fp32 (docs/architecture.md §3.0).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Interleaved partial RoPE (dsv4-architecture.md §3.0): the trailing rope_dim channels of each head
+// Interleaved partial RoPE (docs/architecture.md §3.0): the trailing rope_dim channels of each head
 // rotate in consecutive pairs (2j, 2j+1) by angle p·ω_j. Frequencies as HF computes them (fp32),
 // plain or YaRN (§3.0, "compress" table), with cos/sin multiplied by attention_factor.
 #pragma once

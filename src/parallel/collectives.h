@@ -1,4 +1,4 @@
-// Split-phase collectives for the CP forward (design.md §5): launch(slot, sub) issues a
+// Split-phase collectives for the CP forward (docs/design.md §5): launch(slot, sub) issues a
 // collective from the slot's persistent send buffer; finish(slot, sub) waits for it and returns
 // the receive buffer. Buffers and events are persistent per (slot, sub-batch): nothing is
 // allocated per layer once they have grown to the largest layer's size, and a slot's send buffer

@@ -1,5 +1,5 @@
-// The context-parallel prefill on CPU ranks (design.md §4–§5): C rank threads, each holding all
-// attention weights and a 1/C slice of every expert, run the layers over round-robin local rows
+// The context-parallel prefill on CPU ranks (docs/design.md §4–§5): C rank threads, each holding
+// all attention weights and a 1/C slice of every expert, run the layers over round-robin local rows
 // with all-gathers of attention inputs and MoE inputs and a reduce-scatter of the MoE sums. With
 // two-batch overlap the batch is split in two sub-batches whose stages alternate so that one's
 // collectives run on the comm stream under the other's compute. CP = 1 is the same code with
@@ -67,7 +67,7 @@ bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp);
 // collectives (bytes / bus bandwidth) but splits every expert GEMM in two, which costs a fixed
 // overhead per extra GEMM (measured on H200: ≈ 12 µs). Splits when the hidden time exceeds it.
 struct TboCostModel {
-    double busbw_gbps = 250;  // NCCL all-gather bus bandwidth (performance.md, 2×H200)
+    double busbw_gbps = 250;  // NCCL all-gather bus bandwidth (docs/performance.md, 2×H200)
     // Per extra expert GEMM launched by the split (refitted after the expert streams:
     // docs/parallel.md).
     double split_overhead_s = 9e-6;

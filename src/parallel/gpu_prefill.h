@@ -1,9 +1,10 @@
-// The context-parallel prefill on GPUs (design.md §4–§5), CUDA backend: a GpuGroup is one CP group
-// of C ranks, one GPU each, joined by NCCL. This process drives some of them (all of them, one
-// thread per GPU, in the threaded mode; one under `mpirun`). Each rank holds all attention weights
-// and a 1/C slice of every expert as bf16 on its GPU, and runs the same plan as the CPU backend
-// (cp_prefill.h): per layer an all-gather of the packed attention inputs, an all-gather of the MoE
-// input and a reduce-scatter of the MoE partial sums, with two-batch overlap on a comm stream.
+// The context-parallel prefill on GPUs (docs/design.md §4–§5), CUDA backend: a GpuGroup is one CP
+// group of C ranks, one GPU each, joined by NCCL. This process drives some of them (all of them,
+// one thread per GPU, in the threaded mode; one under `mpirun`). Each rank holds all attention
+// weights and a 1/C slice of every expert as bf16 on its GPU, and runs the same plan as the CPU
+// backend (cp_prefill.h): per layer an all-gather of the packed attention inputs, an all-gather of
+// the MoE input and a reduce-scatter of the MoE partial sums, with two-batch overlap on a comm
+// stream.
 //
 // No CUDA types in this header: the CPU-only build compiles it and its stub throws.
 #pragma once
@@ -38,7 +39,7 @@ struct GpuRunOptions {
     bool record_topk = false;
     bool record_kv = false;  // rank 0's output gets the KV state to export (PrefillOutput::kv)
     // Timing only: every collective is skipped and its receive buffer left as it is, so the
-    // result is WRONG; used to measure exposed communication (performance.md).
+    // result is WRONG; used to measure exposed communication (docs/performance.md).
     bool no_comm = false;
     bool phase_timing = false;  // CUDA events around each phase on rank 0 (GpuStats::phases)
     int fail_rank = -1;         // tests: this rank throws at layer 1, before its collectives
@@ -85,7 +86,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
                               bool tbo, bool all_logits);
 // The `weights` part alone needs no GPU: gpu_weight_bytes (model/weight_bytes.h).
 
-// Ceilings measured on this machine (performance.md): bf16 GEMM 8192³ through cuBLASLt,
+// Ceilings measured on this machine (docs/performance.md): bf16 GEMM 8192³ through cuBLASLt,
 // device-to-device copy (read + write bytes / s) and, with ≥ 2 GPUs, NCCL all-gather bus bandwidth
 // at 1 GiB on min(devices, 2) GPUs (0 with one GPU).
 struct GpuCeilings {

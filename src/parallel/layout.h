@@ -1,4 +1,4 @@
-// Context-parallel token layout (design.md §4): a batch of T tokens, padded at the end to a
+// Context-parallel token layout (docs/design.md §4): a batch of T tokens, padded at the end to a
 // multiple of C, dealt round-robin — token t lives on rank t mod C at local row t div C. Pad rows
 // take positions after their request's last token, so no real token ever sees them.
 #pragma once

@@ -1,5 +1,5 @@
-// Communicator: the one virtual interface for collectives (design.md §6). Every collective runs
-// on an explicit Stream, in program order; all ranks of a communicator must issue the same
+// Communicator: the one virtual interface for collectives (docs/design.md §6). Every collective
+// runs on an explicit Stream, in program order; all ranks of a communicator must issue the same
 // collectives in the same order. Buffers are fp32; counts are elements per rank.
 #pragma once
 

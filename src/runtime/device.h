@@ -1,6 +1,6 @@
 // GPU discovery that the CPU build can call too: how many CUDA devices this process sees and what
 // they are. Returns 0 devices (with the reason) when cpfill was built without CUDA or no driver or
-// GPU is present. No CUDA headers here (conventions.md).
+// GPU is present. No CUDA headers here (docs/conventions.md).
 #pragma once
 
 #include <string>

@@ -1,8 +1,8 @@
-// CPU streams and events (design.md §5; conventions.md "Runtime abstractions"). A Stream runs
-// queued work in order on its own worker thread, so a comm stream really runs beside the compute
-// thread. An Event marks a point in a stream: record() enqueues the marker, wait() blocks until it
-// has run. Errors thrown by queued work are kept in the stream and rethrown by the next wait on an
-// event recorded after them, so a failure is never lost.
+// CPU streams and events (docs/design.md §5; docs/conventions.md "Runtime abstractions"). A Stream
+// runs queued work in order on its own worker thread, so a comm stream really runs beside the
+// compute thread. An Event marks a point in a stream: record() enqueues the marker, wait() blocks
+// until it has run. Errors thrown by queued work are kept in the stream and rethrown by the next
+// wait on an event recorded after them, so a failure is never lost.
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,7 @@
 // Attention on the GPU against ops/attention.h: sliding (window only), HCA (all eligible entries)
 // and CSA (chosen entries with −1 padding) key lists, 1 to 128 heads (partial head groups), queries
 // at the edges of the window and of the compressed windows, sinks that dominate. bf16 output:
-// tolerance 1e-2 of the tensor's scale. Also prints the kernel's rate on a V4-Flash CSA shape.
+// tolerance 1e-2 of the tensor's scale. The kernel's rate: bench/kernel_bench.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -149,19 +149,6 @@ INSTANTIATE_TEST_SUITE_P(
         // V4-Pro head count (8 groups), V4-Flash-like top-k on a longer store
         AttnCase{128, 2100, 4, 512, 1.0f, positions({2099, 2050, 1000, 17})},
         AttnCase{24, 1500, 128, 0, 1.0f, positions({1499, 1407, 1408, 640})}));
-
-TEST(CudaAttentionTiming, FlashCsaShape) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    // 1024 queries at positions 4096…5119, 64 heads, 128 window keys + 512 chosen entries each.
-    AttnCase c{64, 5120, 4, 512, 1.0f, {}};
-    for (int64_t p = 4096; p < 5120; ++p) c.pos.push_back(p);
-    AttnData d = make_data(c, 70);
-    DeviceAttn dev(c, d);
-    const double ms = time_ms([&] { ops::cuda::attention(dev.args, nullptr); });
-    const double flops = ops::cuda::attention_flops(dev.args, c.pos.data(), d.idx.data());
-    std::printf("[ timing ] attention %zu queries x 64 heads x 640 keys: %.3f ms, %.1f TFLOP/s\n",
-                c.pos.size(), ms, flops / (ms * 1e-3) / 1e12);
-}
 
 }  // namespace
 }  // namespace cpfill

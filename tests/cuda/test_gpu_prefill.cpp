@@ -1,7 +1,7 @@
 // The whole prefill on GPUs (GpuGroup) against HF float32 fixtures: per-layer residual streams,
-// logits (≤ 2e-2 relative, design.md §3), the same argmax, the indexer's selections; CP = 2 over
-// NCCL equal to CP = 1, TBO on equal to off; bad input and out-of-memory errors before any work.
-// Skips without a GPU (and the CP = 2 tests without two).
+// logits (≤ 2e-2 relative, docs/design.md §3), the same argmax, the indexer's selections; CP = 2
+// over NCCL equal to CP = 1, TBO on equal to off; bad input and out-of-memory errors before any
+// work. Skips without a GPU (and the CP = 2 tests without two).
 //
 // How "relative error" is measured here (docs/numerics.md): the fixtures' router top-k margins are
 // 4e-5 … 1e-3 relative (scripts/reference keeps them above 2e-5 for fp32), far below bf16's
@@ -35,7 +35,7 @@ namespace {
 using testing::golden_fixtures;
 using testing::rows_of;
 
-// bf16 weights and activations against fp32 (design.md §3).
+// bf16 weights and activations against fp32 (docs/design.md §3).
 constexpr double kTolerance = 2e-2;
 constexpr double kOutlierRows = 0.10;
 

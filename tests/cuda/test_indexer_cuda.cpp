@@ -246,22 +246,6 @@ INSTANTIATE_TEST_SUITE_P(
         IndexerCase{8, 64, 100000, 512, true, 0, {99999, 98303, 98307, 65535, 40003, 2051, 8191}},
         IndexerCase{64, 128, 66000, 512, false, 2, {65999, 65535, 65540, 30000, 12}}));
 
-TEST(CudaIndexerTiming, FlashShape) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    // 1024 queries at positions 15360…16383 over 4096 entries, 64 heads × 128, top-512.
-    const int64_t n_q = 1024;
-    HostIndexer h = make_inputs(64, 128, 4096, 512, false, positions(15360, 15360 + n_q, 1), n_q);
-    DeviceIndexer d(h, 0);
-    const double ms = time_ms(
-        [&] { ops::cuda::indexer_topk(d.args, d.scores.as<float>(), d.scores_floats, nullptr); });
-    const double flops = 2.0 * n_q * h.n_ent * h.n_heads * h.dim;
-    std::printf(
-        "[ timing ] indexer %lld queries x %lld entries, top-%lld: %.3f ms, %.1f TFLOP/s "
-        "(scores + top-k)\n",
-        static_cast<long long>(n_q), static_cast<long long>(h.n_ent),
-        static_cast<long long>(h.top_k), ms, flops / (ms * 1e-3) / 1e12);
-}
-
 struct SplitTimes {
     double all_ms = 0, score_ms = 0, topk_ms = 0;
 };

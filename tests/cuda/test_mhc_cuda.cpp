@@ -131,43 +131,5 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhc,
                                            MhcShape{37, 300, 2}, MhcShape{130, 512, 3},
                                            MhcShape{6, 129, 1}, MhcShape{1001, 256, 4}));
 
-TEST(CudaMhcTiming, FlashShape) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    const int hc = 4;
-    const int64_t rows = 8192, d_model = 4096, width = hc * d_model;
-    const int n_mix = (2 + hc) * hc;
-    MhcWeights w = make_weights(n_mix, hc, d_model, 40);
-    auto dfn = upload(w.fn), dbase = upload(w.base), dscale = upload(w.scale);
-    // Contents do not matter for the timing: zeros (rsqrt(0 + eps) is finite).
-    cuda::DeviceBuffer dh(rows * width * 4), dout(rows * d_model * 2);
-    CPFILL_CUDA_CHECK(cudaMemset(dh.as<void>(), 0, dh.bytes()));
-    CPFILL_CUDA_CHECK(cudaMemset(dout.as<void>(), 0, dout.bytes()));
-    cuda::DeviceBuffer dpost(rows * hc * 4), dcomb(rows * hc * hc * 4), dx(rows * d_model * 2);
-    ops::cuda::MhcDeviceParams dp{
-        dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), hc, d_model, 20, 1e-6f, 1e-6f};
-    const double pre_ms = time_ms([&] {
-        ops::cuda::mhc_pre(dp, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
-                           dx.as<__nv_bfloat16>(), nullptr);
-    });
-    ops::cuda::GemmContext gemm;
-    cuda::DeviceBuffer dmix(rows * n_mix * 4);
-    const double pre_gemm_ms = time_ms([&] {
-        ops::cuda::mhc_pre(dp, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
-                           dx.as<__nv_bfloat16>(), gemm, dmix.as<float>(), nullptr);
-    });
-    std::printf("[ timing ] mhc_pre with the fp32 GEMM: %.3f ms\n", pre_gemm_ms);
-    const double post_ms = time_ms([&] {
-        ops::cuda::mhc_post(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(), hc,
-                            d_model, rows, dh.as<float>(), nullptr);
-    });
-    const double h_gb = rows * width * 4 / 1e9;
-    std::printf("[ timing ] mhc_pre %lld x %d x %lld: %.3f ms (%.0f GB/s of h, read twice)\n",
-                static_cast<long long>(rows), hc, static_cast<long long>(d_model), pre_ms,
-                2 * h_gb / (pre_ms * 1e-3));
-    std::printf("[ timing ] mhc_post %lld x %d x %lld: %.3f ms (%.0f GB/s of h, read + write)\n",
-                static_cast<long long>(rows), hc, static_cast<long long>(d_model), post_ms,
-                2 * h_gb / (post_ms * 1e-3));
-}
-
 }  // namespace
 }  // namespace cpfill

@@ -18,7 +18,7 @@ using testing::close;
 using testing::golden_fixtures;
 using testing::rows_of;
 
-constexpr double kTolerance = 1e-4;  // design.md §3
+constexpr double kTolerance = 1e-4;  // docs/design.md §3
 
 struct Fixture {
     std::string dir;

@@ -1,7 +1,7 @@
-// The attention sub-block on the GPU (dsv4-architecture.md §3.4–3.7), cut like the CPU backend's
+// The attention sub-block on the GPU (docs/architecture.md §3.4–3.7), cut like the CPU backend's
 // model/attention.h: pack (what the KV store needs of the local rows), queries, the KV-store
 // update from the gathered rows, and the output (indexer top-k, sparse attention with sinks,
-// de-rotation, grouped output projection). bf16 activations, fp32 statistics (design.md §3).
+// de-rotation, grouped output projection). bf16 activations, fp32 statistics (docs/design.md §3).
 #pragma once
 
 #include <cuda_bf16.h>

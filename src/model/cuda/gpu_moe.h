@@ -1,4 +1,4 @@
-// The MoE sub-block on the GPU (dsv4-architecture.md §3.8; design.md §4 step 5): router on all
+// The MoE sub-block on the GPU (docs/architecture.md §3.8; docs/design.md §4 step 5): router on all
 // rows (learned or hash), the (token, expert) assignments sorted by expert, one GEMM pair per
 // expert over its contiguous rows (this rank's slice of its width), the shared expert over all
 // rows, and the weighted sum per token. The result is this rank's partial sum (bf16), which the

@@ -1,8 +1,8 @@
-// DeepSeek-V4 weights of one CP rank on its GPU (CUDA backend, design.md §3): every matrix bf16,
-// norms, mHC parameters, position biases, sinks and router biases fp32, tid2eid int64. Experts
-// hold the rank's 1/C slice of their hidden width (slice units [I·p/C, I·(p+1)/C)), all experts of
-// a layer in one buffer. Built either from host fp32 weights (upload) or generated on the device
-// (benchmarks at real dimensions, nothing to read).
+// DeepSeek-V4 weights of one CP rank on its GPU (CUDA backend, docs/design.md §3): every matrix
+// bf16, norms, mHC parameters, position biases, sinks and router biases fp32, tid2eid int64.
+// Experts hold the rank's 1/C slice of their hidden width (slice units [I·p/C, I·(p+1)/C)), all
+// experts of a layer in one buffer. Built either from host fp32 weights (upload) or generated on
+// the device (benchmarks at real dimensions, nothing to read).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
-// Shared-KV attention on the GPU (dsv4-architecture.md §3.4 steps 4–7, the semantics of
+// Shared-KV attention on the GPU (docs/architecture.md §3.4 steps 4–7, the semantics of
 // ops/attention.h): each query attends to its window keys and a list of compressed entries with
-// one fp32 softmax (design.md §3) whose denominator also holds the per-head sink. K = V. bf16 in,
-// bf16 out.
+// one fp32 softmax (docs/design.md §3) whose denominator also holds the per-head sink. K = V. bf16
+// in, bf16 out.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,8 +1,8 @@
-// Compressor pooling on the GPU (dsv4-architecture.md §3.5–3.7), the semantics of
-// ops/compressor.h: a per-channel softmax over the slots of a window (fp32, design.md §3), then the
-// softmax-weighted sum of the slots' kv. HCA: slots = the window's `ratio` tokens. CSA (overlap):
-// 2·ratio slots = the Ca half (first dim channels) of window w−1's tokens and the Cb half (last dim
-// channels) of window w's tokens; window 0 has no Ca slots (weight exactly 0).
+// Compressor pooling on the GPU (docs/architecture.md §3.5–3.7), the semantics of
+// ops/compressor.h: a per-channel softmax over the slots of a window (fp32, docs/design.md §3),
+// then the softmax-weighted sum of the slots' kv. HCA: slots = the window's `ratio` tokens. CSA
+// (overlap): 2·ratio slots = the Ca half (first dim channels) of window w−1's tokens and the Cb
+// half (last dim channels) of window w's tokens; window 0 has no Ca slots (weight exactly 0).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// Lightning-indexer scoring and top-k on the GPU (dsv4-architecture.md §3.7 steps 4–5, the
+// Lightning-indexer scoring and top-k on the GPU (docs/architecture.md §3.7 steps 4–5, the
 // semantics of ops/indexer.h): score[t, w] = scale · Σ_h weight[t, h] · ReLU(q[t, h] · key[w]) over
 // the eligible entries w < min((p + 1) / ratio, n_entries), then the top_k largest scores (ties:
 // lower index first, as the CPU backend).
@@ -29,7 +29,8 @@ struct IndexerArgs {
 // scores: fp32 scratch of at least n_entries floats; queries run in chunks of
 // scores_floats / n_entries rows (give n_q · n_entries to do all in one pass). q and keys must be
 // 16-byte aligned. Scores come from bf16 operands with fp32 accumulation on tensor cores;
-// near-ties may select differently from the fp32 CPU backend (design.md §3), exact ties never do.
+// near-ties may select differently from the fp32 CPU backend (docs/design.md §3), exact ties never
+// do.
 void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cudaStream_t stream);
 
 }  // namespace cpfill::ops::cuda

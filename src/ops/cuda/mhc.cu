@@ -25,7 +25,7 @@ __device__ float warp_sum(float v) {
     return v;
 }
 
-// Softmax over each row, + eps, then column / row normalisations (dsv4-architecture.md §3.3 step
+// Softmax over each row, + eps, then column / row normalisations (docs/architecture.md §3.3 step
 // 6). c: [HC, HC] logits in, Sinkhorn-projected mix out.
 template <int HC>
 __device__ void sinkhorn(float (&c)[HC * HC], int iters, float eps) {

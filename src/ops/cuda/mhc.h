@@ -1,5 +1,5 @@
-// mHC on the GPU (dsv4-architecture.md §3.3, §3.9): the same three steps as ops/mhc.h, fp32 math
-// throughout (design.md §3).
+// mHC on the GPU (docs/architecture.md §3.3, §3.9): the same three steps as ops/mhc.h, fp32 math
+// throughout (docs/design.md §3).
 //
 // The residual state h stays fp32 on the GPU: [rows, hc, d_model], stream-major per token. It is
 // summed into 61 times per stream (Pro) through Sinkhorn mixes; bf16 would round every update to

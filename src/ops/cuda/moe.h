@@ -1,5 +1,5 @@
-// MoE routing and the SwiGLU activation on the GPU (dsv4-architecture.md §3.8, the semantics of
-// ops/moe.h). Router scores in fp32 (design.md §3); the activation reads and writes bf16.
+// MoE routing and the SwiGLU activation on the GPU (docs/architecture.md §3.8, the semantics of
+// ops/moe.h). Router scores in fp32 (docs/design.md §3); the activation reads and writes bf16.
 #pragma once
 
 #include <cuda_bf16.h>

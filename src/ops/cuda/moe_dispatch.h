@@ -1,6 +1,6 @@
-// Token permutation of the GPU MoE (dsv4-architecture.md §3.8; design.md §4 step 5): the n·top_k
-// (token, expert) assignments sorted by expert (stable: token order inside an expert, so the
-// result does not depend on scheduling), the rows gathered into one contiguous block per expert
+// Token permutation of the GPU MoE (docs/architecture.md §3.8; docs/design.md §4 step 5): the
+// n·top_k (token, expert) assignments sorted by expert (stable: token order inside an expert, so
+// the result does not depend on scheduling), the rows gathered into one contiguous block per expert
 // for the expert GEMMs, and the weighted expert outputs summed back per token.
 #pragma once
 

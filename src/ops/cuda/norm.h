@@ -1,4 +1,4 @@
-// RMSNorm on the GPU: bf16 rows in and out, statistics in fp32 (design.md §3).
+// RMSNorm on the GPU: bf16 rows in and out, statistics in fp32 (docs/design.md §3).
 #pragma once
 
 #include <cuda_bf16.h>

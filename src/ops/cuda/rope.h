@@ -1,4 +1,4 @@
-// Interleaved partial RoPE on the GPU (dsv4-architecture.md §3.0): bf16 in place, fp32 math, the
+// Interleaved partial RoPE on the GPU (docs/architecture.md §3.0): bf16 in place, fp32 math, the
 // angle fp32(inv_freq) · fp32(position) as on the CPU backend (ops/rope.h builds inv_freq).
 #pragma once
 

@@ -1,6 +1,6 @@
-// Row plumbing of the GPU forward: the CP rerange (design.md §4), the embedding into mHC streams,
-// hash-routing lookups, scaling and dtype conversion. Launchers take raw device pointers and an
-// explicit stream.
+// Row plumbing of the GPU forward: the CP rerange (docs/design.md §4), the embedding into mHC
+// streams, hash-routing lookups, scaling and dtype conversion. Launchers take raw device pointers
+// and an explicit stream.
 #pragma once
 
 #include <cuda_bf16.h>

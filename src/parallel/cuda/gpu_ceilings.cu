@@ -1,4 +1,4 @@
-// measure_gpu_ceilings: the yardsticks of performance.md, measured in the same process as the
+// measure_gpu_ceilings: the yardsticks of docs/performance.md, measured in the same process as the
 // benchmark (bf16 GEMM 8192³, device copy, NCCL all-gather at 1 GiB on two GPUs).
 #include <algorithm>
 #include <thread>

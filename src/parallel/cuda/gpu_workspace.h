@@ -1,4 +1,4 @@
-// The workspace of one GPU prefill on one rank (conventions.md: memory planned up front): the
+// The workspace of one GPU prefill on one rank (docs/conventions.md: memory planned up front): the
 // per-sub-batch state, the shared scratch of the layer stages, the KV store and the head's
 // buffers, carved in one fixed order from the rank's arena — or counted, for the memory plan and
 // the out-of-memory check before any work.
@@ -14,7 +14,7 @@
 
 namespace cpfill::cuda {
 
-// The three collectives of a layer (design.md §4), each with per-sub-batch buffers and events.
+// The three collectives of a layer (docs/design.md §4), each with per-sub-batch buffers and events.
 enum Slot { kAttn, kMoeGather, kScatter, kSlots };
 
 // Counts what take() would hand out (the plan) without allocating.

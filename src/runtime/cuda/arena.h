@@ -1,6 +1,6 @@
 // Arena: one device allocation carved into the buffers a prefill needs, planned up front
-// (conventions.md: no cudaMalloc in the layer loop). take<T>(n) hands out 256-byte aligned slices
-// in order; asking for more than was planned is an error naming both sizes.
+// (docs/conventions.md: no cudaMalloc in the layer loop). take<T>(n) hands out 256-byte aligned
+// slices in order; asking for more than was planned is an error naming both sizes.
 #pragma once
 
 #include <cstddef>

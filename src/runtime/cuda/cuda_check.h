@@ -1,5 +1,6 @@
-// CUDA error checks (conventions.md): CPFILL_CUDA_CHECK(expr) and CPFILL_CUBLAS_CHECK(expr) throw
-// cpfill::Error with the failing call, the error name and file:line. Only CUDA code includes this.
+// CUDA error checks (docs/conventions.md): CPFILL_CUDA_CHECK(expr) and CPFILL_CUBLAS_CHECK(expr)
+// throw cpfill::Error with the failing call, the error name and file:line. Only CUDA code includes
+// this.
 #pragma once
 
 #include <cublasLt.h>

@@ -1,5 +1,5 @@
 // Host waits on GPU work that can end in an error instead of a hang: poll an event with a deadline
-// and a flag that a failing peer rank raises (design.md: a rank that fails aborts the others).
+// and a flag that a failing peer rank raises (docs/design.md: a rank that fails aborts the others).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
-// NcclComm: one rank's NCCL communicator for the CUDA backend (design.md §6). Collectives run on
-// an explicit CUDA stream over device buffers of a given dtype; all ranks issue the same
+// NcclComm: one rank's NCCL communicator for the CUDA backend (docs/design.md §6). Collectives run
+// on an explicit CUDA stream over device buffers of a given dtype; all ranks issue the same
 // collectives in the same order. dup() gives the comm stream its own communicator
 // (ncclCommSplit), so each communicator is driven from exactly one stream. abort() kills pending
 // collectives (ncclCommAbort) so that peers of a failed rank stop instead of hanging.

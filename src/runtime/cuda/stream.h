@@ -1,4 +1,4 @@
-// CudaStream and CudaEvent: move-only RAII owners of a CUDA stream and event (conventions.md
+// CudaStream and CudaEvent: move-only RAII owners of a CUDA stream and event (docs/conventions.md
 // "Runtime abstractions"), with native() for the launchers. The streams are non-blocking (no
 // implicit ordering with the legacy default stream); events are created without timing unless
 // asked for.

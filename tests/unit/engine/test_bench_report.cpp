@@ -1,5 +1,5 @@
 // The bench report: the FLOP model against sums done by hand on a tiny config and against the
-// per-token figures of dsv4-architecture.md §5.1; the derived ratios (MFU, CP speed-up, exposed
+// per-token figures of docs/architecture.md §5.1; the derived ratios (MFU, CP speed-up, exposed
 // communication, full-model projection); the JSON round trip; the SVG's structure and escaping.
 #include <gtest/gtest.h>
 

@@ -16,7 +16,7 @@ namespace {
 using json = nlohmann::json;
 using test::expect_error;
 
-// The hub config.json of DeepSeek-V4-Flash (dsv4-architecture.md §1): HF names plus the legacy
+// The hub config.json of DeepSeek-V4-Flash (docs/architecture.md §1): HF names plus the legacy
 // keys compress_ratios (43 layers + 1 MTP entry), num_hash_layers, qk_rope_head_dim, rope_scaling.
 const char* kFlashHub = R"({
   "architectures": ["DeepseekV4ForCausalLM"],

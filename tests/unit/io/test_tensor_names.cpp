@@ -1,4 +1,4 @@
-// The weight table (shapes and storage classes of V4-Flash / V4-Pro, dsv4-architecture.md §6.2,
+// The weight table (shapes and storage classes of V4-Flash / V4-Pro, docs/architecture.md §6.2,
 // §6.3) and the name table across upstream / hf-saved / hf-module namings (§6.1, §8).
 #include <gtest/gtest.h>
 

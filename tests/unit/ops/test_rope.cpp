@@ -18,7 +18,7 @@ TEST(Rope, PlainFrequencies) {
     EXPECT_NEAR(t.inv_freq()[16], std::pow(10000.0, -0.5), 1e-9);
 }
 
-// dsv4-architecture.md §3.0: compress table, theta 160000, YaRN factor 16, window 65536.
+// docs/architecture.md §3.0: compress table, theta 160000, YaRN factor 16, window 65536.
 TEST(Rope, YarnFrequenciesMatchSpec) {
     RopeParams p;
     p.theta = 160000.0;

@@ -19,8 +19,8 @@
 namespace cpfill {
 namespace {
 
-constexpr double kVsCp1 = 1e-5;  // design.md §5: CP+TBO equals CP within rounding
-constexpr double kVsHf = 1e-4;   // design.md §3
+constexpr double kVsCp1 = 1e-5;  // docs/design.md §5: CP+TBO equals CP within rounding
+constexpr double kVsHf = 1e-4;   // docs/design.md §3
 
 struct Fixture {
     ModelWeights full;

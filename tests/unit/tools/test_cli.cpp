@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "../io/io_test_util.h"
 #include "cli_test_util.h"
@@ -268,6 +269,99 @@ TEST(Cli, MissingModelFolder) {
 TEST(Cli, CudaDeviceWithoutBackend) {
     expect_clean_error(run_cli("run --model " + kFixture + " --input-ids 1 --device cuda"),
                        {"cuda"});
+}
+
+// The tiny-text preset has DeepSeek's vocabulary: the README's text examples run on it.
+TEST(Cli, TinyTextPresetRunsTheReadmeTextExamples) {
+    TempDir tmp;
+    const std::string m = tmp.file("m");
+    Result g = run_cli("gen-model --preset tiny-text --out " + m);
+    ASSERT_EQ(g.code, 0) << g.out;
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(m + "/config.json"));
+    EXPECT_EQ(cfg["vocab_size"], 129280);
+    Result r = run_cli("run --model " + m + " --prompt \"Hello\" --cp 4 --tbo on");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("first token"), std::string::npos) << r.out;
+    std::string text;
+    for (int i = 0; i < 40; ++i)
+        text += "The quick brown fox jumps over the lazy dog. 你好，世界！\n";
+    test::write_file(tmp.file("long.txt"), text);
+    Result j = run_cli("run --model " + m + " --prompt-file " + tmp.file("long.txt") +
+                       " --chunk 4096 --kv-out " + tmp.file("kv") + " --json");
+    ASSERT_EQ(j.code, 0) << j.out;
+    auto out = nlohmann::json::parse(j.out);
+    EXPECT_GT(out["requests"][0]["tokens"].get<int>(), 400) << j.out;
+    EXPECT_TRUE(fs::exists(tmp.file("kv") + "/request_0.safetensors"));
+}
+
+// Whether `out` holds a source location "[dir/file.cpp:123]" (.cpp, .cu or .h).
+bool has_source_location(const std::string& out) {
+    for (const std::string ext : {".cpp:", ".cu:", ".h:"})
+        for (size_t at = out.find(ext); at != std::string::npos; at = out.find(ext, at + 1)) {
+            size_t end = at + ext.size();
+            while (end < out.size() && std::isdigit(static_cast<unsigned char>(out[end]))) ++end;
+            if (end > at + ext.size() && end < out.size() && out[end] == ']' &&
+                out.rfind('[', at) != std::string::npos)
+                return true;
+        }
+    return false;
+}
+
+// Error lines end in the source location only with CPFILL_DEBUG=1 (docs/cli.md).
+TEST(Cli, SourceLocationsOnlyWithDebug) {
+    const std::string args = "run --model " + kFixture + " --input-ids 1,2,256";
+    Result plain = run_cli(args);
+    expect_clean_error(plain, {"vocab_size 256"});
+    EXPECT_FALSE(has_source_location(plain.out)) << plain.out;
+    ASSERT_EQ(::setenv("CPFILL_DEBUG", "1", 1), 0);  // inherited by the child process
+    Result debug = run_cli(args);
+    ASSERT_EQ(::unsetenv("CPFILL_DEBUG"), 0);
+    expect_clean_error(debug, {"vocab_size 256"});
+    EXPECT_TRUE(has_source_location(debug.out)) << debug.out;
+}
+
+// Expects a usage error: exit code 2 and one "error:" line, at the start, containing every part.
+void expect_usage_error(const Result& r, const std::vector<std::string>& parts) {
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out;
+    EXPECT_EQ(r.out.find("error:", 1), std::string::npos) << r.out;
+    for (const auto& p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << p << "\n" << r.out;
+}
+
+TEST(Cli, MisspeltNamesGetTheNearestSuggested) {
+    expect_usage_error(run_cli("run --model " + kFixture + " --input-id 1,2"),
+                       {"--input-id", "did you mean --input-ids?"});
+    expect_usage_error(run_cli("run --model " + kFixture + " --thread=2 --input-ids 1"),
+                       {"did you mean --threads?"});
+    expect_usage_error(run_cli("rnu --model " + kFixture + " --input-ids 1"),
+                       {"rnu", "did you mean run?"});
+    // Nothing near: CLI11's own message, still one error: line.
+    expect_usage_error(run_cli("run --model " + kFixture + " --frobnicate"), {"--frobnicate"});
+    expect_usage_error(run_cli("run --input-ids 1"), {"--model"});
+}
+
+TEST(Cli, ThreadsOutsideTheirRangeAreUsageErrors) {
+    const int max = 4 * std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const std::string range = "0 (all hardware threads) to " + std::to_string(max);
+    const std::string base = "run --model " + kFixture + " --input-ids 1,2 --threads ";
+    expect_usage_error(run_cli(base + "-1"), {"--threads", range, "found -1"});
+    expect_usage_error(run_cli(base + std::to_string(max + 1)), {"--threads", range});
+    if (max < 1000) expect_usage_error(run_cli(base + "1000"), {"--threads", range});
+    expect_usage_error(run_cli("demo --threads -1"), {"--threads", range});
+    Result ok = run_cli(base + "2");
+    EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST(Cli, UnknownDeviceIsAUsageError) {
+    expect_usage_error(run_cli("run --model " + kFixture + " --input-ids 1 --device tpu"),
+                       {"--device", "tpu"});
+}
+
+TEST(Cli, TestHookIsNotInTheHelp) {
+    Result h = run_cli("run --help");
+    EXPECT_EQ(h.code, 0) << h.out;
+    EXPECT_NE(h.out.find("--threads"), std::string::npos) << h.out;
+    EXPECT_EQ(h.out.find("inject-fault"), std::string::npos) << h.out;
 }
 
 }  // namespace

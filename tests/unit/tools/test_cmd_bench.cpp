@@ -1,6 +1,6 @@
 // `cpfill bench` on bad input and on a machine without a usable GPU: one "error:" line naming the
 // culprit and exit code 1, or CLI11's usage error and exit code 2. The benchmark itself runs on a
-// GPU machine (a benchmark is not a test, conventions.md); the report it prints is tested in
+// GPU machine (a benchmark is not a test, docs/conventions.md); the report it prints is tested in
 // tests/unit/engine/test_bench_report.cpp.
 #include <gtest/gtest.h>
 
