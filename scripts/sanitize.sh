@@ -37,9 +37,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 if [ "$kind" = thread ]; then
-    # DelayInjectionExposesAMissingWait reads a collective's output without waiting on purpose
-    # (it shows what a forgotten finish() looks like): a race by design, left out here.
-    "$dir/tests/test_runtime" --gtest_filter=-Communicator.DelayInjectionExposesAMissingWait
+    "$dir/tests/test_runtime"
     "$dir/tests/test_parallel"
 else
     # CpuEstimateFollowsTheMeasuredGrowth compares the peak RSS with cpu_prefill_bytes, which

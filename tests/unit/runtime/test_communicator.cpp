@@ -185,8 +185,9 @@ TEST(Communicator, CommStreamRunsWhileComputeWorks) {
 }
 
 TEST(Communicator, DelayInjectionExposesAMissingWait) {
-    // Reading the output right after the launch, without waiting, sees stale data when delays
-    // are injected: the mode that makes a forgotten finish() fail tests.
+    // Right after the launch, with delays injected, the collective has not yet run: a reader that
+    // forgot finish() would see stale data. Observed without reading the output (which would be a
+    // data race): a marker recorded behind the collective has not run yet.
     LocalCommOptions opt;
     opt.max_delay_us = 50000;
     opt.delay_seed = 3;
@@ -198,7 +199,9 @@ TEST(Communicator, DelayInjectionExposesAMissingWait) {
         for (int rep = 0; rep < 4; ++rep) {
             y.assign(2, -1.0f);
             comms[r]->all_gather(x.data(), y.data(), 1, comm);
-            if (y[0] == -1.0f) stale++;  // the missing wait
+            Event done;
+            comm.record(done);
+            if (!done.query()) stale++;  // what a missing wait would read too early
             comm.synchronize(5s);
             EXPECT_EQ(y[0], 7.0f);
         }
