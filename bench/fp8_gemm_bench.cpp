@@ -12,30 +12,13 @@
 #include "ops/cuda/gemm.h"
 #include "runtime/cuda/buffer.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/time_ms.h"
 
 namespace {
 
 using namespace cpfill;
 namespace oc = ops::cuda;
-
-// Mean milliseconds of fn() over reps launches after two warm-ups.
-template <class F>
-double time_ms(F&& fn, int reps) {
-    fn();
-    fn();
-    cudaEvent_t a, b;
-    CPFILL_CUDA_CHECK(cudaEventCreate(&a));
-    CPFILL_CUDA_CHECK(cudaEventCreate(&b));
-    CPFILL_CUDA_CHECK(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) fn();
-    CPFILL_CUDA_CHECK(cudaEventRecord(b));
-    CPFILL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CPFILL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms / reps;
-}
+using cuda::time_ms;  // runtime/cuda/time_ms.h
 
 struct Shape {
     int64_t m, n, k;  // tokens × out × in

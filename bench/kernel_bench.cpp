@@ -19,6 +19,7 @@
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/mhc.h"
 #include "runtime/cuda/buffer.h"
+#include "runtime/cuda/time_ms.h"
 #include "runtime/device.h"
 
 namespace cpfill {
@@ -48,23 +49,7 @@ cuda::DeviceBuffer zeros(size_t bytes) {
     return b;
 }
 
-// Milliseconds per call of fn on the default stream: one warm-up call, then `reps` timed ones.
-template <class F>
-double time_ms(F&& fn, int reps) {
-    fn();
-    cudaEvent_t a, b;
-    CPFILL_CUDA_CHECK(cudaEventCreate(&a));
-    CPFILL_CUDA_CHECK(cudaEventCreate(&b));
-    CPFILL_CUDA_CHECK(cudaEventRecord(a, nullptr));
-    for (int i = 0; i < reps; ++i) fn();
-    CPFILL_CUDA_CHECK(cudaEventRecord(b, nullptr));
-    CPFILL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CPFILL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms / reps;
-}
+using cuda::time_ms;  // runtime/cuda/time_ms.h
 
 // 1024 queries at positions 4096…5119 of a CSA layer: 64 heads, 128 window keys + 512 chosen
 // compressed entries each.

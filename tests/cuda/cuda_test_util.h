@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "runtime/cuda/buffer.h"
+#include "runtime/cuda/time_ms.h"
 #include "runtime/device.h"
 
 #define CPFILL_SKIP_WITHOUT_GPU()                              \
@@ -104,22 +105,6 @@ inline Diff print_diff(const char* what, Diff d) {
     return d;
 }
 
-// Mean milliseconds of fn() over `reps` runs after one warm-up, on the legacy default stream.
-template <class F>
-double time_ms(F&& fn, int reps = 5) {
-    fn();
-    cudaEvent_t a, b;
-    CPFILL_CUDA_CHECK(cudaEventCreate(&a));
-    CPFILL_CUDA_CHECK(cudaEventCreate(&b));
-    CPFILL_CUDA_CHECK(cudaEventRecord(a, nullptr));
-    for (int i = 0; i < reps; ++i) fn();
-    CPFILL_CUDA_CHECK(cudaEventRecord(b, nullptr));
-    CPFILL_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CPFILL_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms / reps;
-}
+using cuda::time_ms;  // runtime/cuda/time_ms.h
 
 }  // namespace cpfill::test_cuda
