@@ -17,39 +17,14 @@ namespace cpfill {
 namespace {
 
 namespace fs = std::filesystem;
+using test::entries;
+using test::FileSizeLimit;
 using test::TempDir;
 
 std::string slurp(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
 }
-
-std::vector<std::string> entries(const TempDir& dir) {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir.path())) out.push_back(e.path().filename());
-    std::sort(out.begin(), out.end());
-    return out;
-}
-
-// RLIMIT_FSIZE lowered for the scope (writes beyond it fail with EFBIG; SIGXFSZ ignored).
-class FileSizeLimit {
-  public:
-    explicit FileSizeLimit(rlim_t bytes) {
-        getrlimit(RLIMIT_FSIZE, &old_);
-        old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-        rlimit r = old_;
-        r.rlim_cur = bytes;
-        EXPECT_EQ(setrlimit(RLIMIT_FSIZE, &r), 0);
-    }
-    ~FileSizeLimit() {
-        setrlimit(RLIMIT_FSIZE, &old_);
-        std::signal(SIGXFSZ, old_handler_);
-    }
-
-  private:
-    rlimit old_{};
-    void (*old_handler_)(int) = nullptr;
-};
 
 std::vector<std::pair<std::string, Tensor>> big_tensors() {
     Tensor t = Tensor::zeros(DType::F32, {64, 1024});  // 256 KiB
