@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
                 return time_ms(
                     [&] {
                         oc::gemm_fp8(ctx, xq.as<void>(), xs.as<float>(), s.m, s.k, wq.as<void>(),
-                                     sc.as<float>(), b, s.n, y.as<__nv_bfloat16>(), s.n, nullptr);
+                                     sc.as<float>(), b, s.n, y.as<__nv_bfloat16>(), nullptr, s.n,
+                                     nullptr);
                     },
                     reps);
             };

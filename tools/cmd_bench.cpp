@@ -30,6 +30,7 @@ struct BenchArgs {
     std::string lengths = "8k,32k,64k";
     std::string cp = "1,2";
     std::string tbo = "off,on";
+    std::string weights = "bf16";
     int repeat = 3;
     int warmup = 1;
     uint64_t seed = 1;
@@ -86,6 +87,7 @@ struct Plan {
     std::vector<int64_t> lengths;
     std::vector<int> cps;
     std::vector<std::string> tbos;
+    std::vector<std::string> weights;
 };
 
 Plan make_plan(const BenchArgs& a) {
@@ -107,6 +109,10 @@ Plan make_plan(const BenchArgs& a) {
         CPFILL_CHECK(s == "off" || s == "on" || s == "auto", "--tbo {}: expected off, on or auto",
                      s);
         p.tbos.push_back(s);
+    }
+    for (const std::string& s : split_list(a.weights, "--weights")) {
+        CPFILL_CHECK(s == "bf16" || s == "fp8", "--weights {}: expected bf16 or fp8", s);
+        p.weights.push_back(s);
     }
     CPFILL_CHECK(a.repeat >= 1, "--repeat {}: expected at least 1", a.repeat);
     CPFILL_CHECK(a.warmup >= 0, "--warmup {}: expected at least 0", a.warmup);
@@ -135,7 +141,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
         return st;
     };
     const std::string what =
-        fmt::format("cp={} TBO {} {}", row.cp, row.tbo, format_length(row.length));
+        fmt::format("cp={} TBO {} {} {}", row.cp, row.tbo, row.weights, format_length(row.length));
     for (int i = 0; i < a.warmup; ++i) once(base);
     for (int i = 0; i < a.repeat; ++i) {
         const GpuStats st = once(base);
@@ -158,14 +164,17 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     }
 }
 
-// The rows of one CP size: memory check, then one GpuGroup for all rows that fit. A failed run
-// skips its row with the error and the next row starts a fresh group (a failed group is aborted).
-void run_cp(int cp, int gpus, const Plan& plan, const BenchArgs& a, std::vector<BenchRow>& rows) {
+// The rows of one CP size and weight format: memory check, then one GpuGroup for all rows that
+// fit. A failed run skips its row with the error and the next row starts a fresh group (a failed
+// group is aborted).
+void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, const BenchArgs& a,
+            std::vector<BenchRow>& rows) {
+    const GpuWeightFormat format = parse_gpu_weight_format(weights);
     std::vector<BenchRow> mine;
     for (int64_t length : plan.lengths)
         for (const std::string& tbo : plan.tbos) {
             BenchRow& row = mine.emplace_back();
-            row.cp = cp, row.tbo = tbo, row.length = length;
+            row.cp = cp, row.tbo = tbo, row.length = length, row.weights = weights;
             if (cp > gpus) row.skipped = fmt::format("needs {} GPUs, {} visible", cp, gpus);
         }
     size_t free_bytes = SIZE_MAX;
@@ -174,7 +183,7 @@ void run_cp(int cp, int gpus, const Plan& plan, const BenchArgs& a, std::vector<
     for (BenchRow& row : mine) {
         if (!row.measured()) continue;
         const GpuMemoryPlan m =
-            plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false);
+            plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format);
         if (m.total() > free_bytes)
             row.skipped = fmt::format(
                 "not enough memory: needs {:.2f} GB per GPU (weights {:.2f} + workspace {:.2f}), "
@@ -186,9 +195,11 @@ void run_cp(int cp, int gpus, const Plan& plan, const BenchArgs& a, std::vector<
         if (!row.measured()) continue;
         try {
             if (!group) {
-                fmt::print(stderr, "bench: cp={}: setting up {} GPU(s), random weights\n", cp, cp);
+                fmt::print(stderr, "bench: cp={}: setting up {} GPU(s), random {} weights\n", cp,
+                           cp, weights);
                 GpuGroupOptions opt;
                 opt.cp = cp;
+                opt.weights = format;
                 group = std::make_unique<GpuGroup>(opt);
                 group->randomize(plan.cfg, a.seed);
             }
@@ -198,6 +209,7 @@ void run_cp(int cp, int gpus, const Plan& plan, const BenchArgs& a, std::vector<
                        format_length(row.length), e.what());
             BenchRow failed;  // drop what the failed row had measured
             failed.cp = cp, failed.tbo = row.tbo, failed.length = row.length;
+            failed.weights = weights;
             failed.skipped = fmt::format("error: {}", e.what());
             row = failed;
             group.reset();
@@ -231,10 +243,11 @@ int bench(const BenchArgs& a) {
     if (!a.no_ceilings) {
         fmt::print(stderr, "bench: measuring ceilings (GEMM, HBM, all-gather)\n");
         const GpuCeilings c = measure_gpu_ceilings();
-        report.ceilings =
-            BenchCeilings{c.gemm_tflops, c.hbm_gbps, c.allgather_busbw_gbps, c.allgather_gpus};
+        report.ceilings = BenchCeilings{c.gemm_tflops, c.fp8_gemm_tflops, c.hbm_gbps,
+                                        c.allgather_busbw_gbps, c.allgather_gpus};
     }
-    for (int cp : plan.cps) run_cp(cp, gpus, plan, a, report.rows);
+    for (int cp : plan.cps)
+        for (const std::string& w : plan.weights) run_cp(cp, w, gpus, plan, a, report.rows);
     finalize_report(report);
 
     fmt::print("{}", report_markdown(report));
@@ -260,6 +273,10 @@ Runner add_bench_command(CLI::App& app) {
         ->capture_default_str();
     c->add_option("--cp", args->cp, "context-parallel sizes: 1,2")->capture_default_str();
     c->add_option("--tbo", args->tbo, "two-batch overlap modes: off,on (or auto)")
+        ->capture_default_str();
+    c->add_option("--weights", args->weights,
+                  "weight formats on the GPUs: bf16,fp8 (fp8: the release's fp8 / fp4 matrices "
+                  "in e4m3 with block scales)")
         ->capture_default_str();
     c->add_option("--repeat", args->repeat, "timed runs per row (TTFT = their median)")
         ->capture_default_str();

@@ -2,9 +2,13 @@
 // and the fp32 memory the CPU backend needs.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
+#include "core/error.h"
+#include "engine/prefill_engine.h"
 #include "io/checkpoint.h"
+#include "io/presets.h"
 #include "model/weight_bytes.h"
 #include "model/weights.h"
 #include "tools/commands.h"
@@ -16,6 +20,27 @@ namespace {
 std::string gib(double bytes) {
     if (bytes < double(1ull << 30)) return fmt::format("{:.2f} MiB", bytes / (1ull << 20));
     return fmt::format("{:.3f} GiB", bytes / (1ull << 30));
+}
+
+// GPU weights per rank (the widest slice) in both formats, for --cp 1, 2, 4, 8 and `cp`.
+void print_gpu_weights(const ModelConfig& c, int cp, const char* auto_means) {
+    fmt::print("  GPU weights per rank (--weights auto: {}), plus the workspace:\n", auto_means);
+    std::vector<int> sizes{1, 2, 4, 8};
+    if (std::find(sizes.begin(), sizes.end(), cp) == sizes.end()) sizes.push_back(cp);
+    for (int n : sizes) {
+        if (n > c.moe_dim) continue;
+        fmt::print("    --cp {}: bf16 {}, fp8 {}\n", n, gib(double(gpu_weight_bytes(c, n))),
+                   gib(double(gpu_weight_bytes(c, n, GpuWeightFormat::Fp8))));
+    }
+}
+
+// inspect --preset: the GPU memory of a preset's model, no checkpoint needed.
+int inspect_preset(const std::string& name, int cp) {
+    const ModelConfig c = preset_config(name);
+    fmt::print("preset {}: {} layers, d_model {}, {} experts of width {}\n", name, c.n_layers,
+               c.d_model, c.n_experts, c.moe_dim);
+    print_gpu_weights(c, cp, "as the checkpoint stores them; fp8 for the release");
+    return 0;
 }
 
 int inspect(const std::string& dir, int cp) {
@@ -64,9 +89,7 @@ int inspect(const std::string& dir, int cp) {
         cp, gib(double(rank_weights_host_bytes(c, cp, all_ranks))),
         gib(double(streamed_load_host_bytes(c, cp, all_ranks))),
         gib(double(streamed_load_host_bytes(c, cp, {0}))));
-    if (cp <= c.moe_dim)
-        fmt::print("  GPU memory per rank with --cp {}: {} of bf16 weights, plus the workspace\n",
-                   cp, gib(double(gpu_weight_bytes(c, cp))));
+    print_gpu_weights(c, cp, std::string(gpu_weight_format_name(stored_gpu_format(ck))).c_str());
     auto unused = ck.unused_tensors();
     if (!unused.empty())
         fmt::print("  {} stored tensors unused (e.g. {})\n", unused.size(), unused.front());
@@ -77,12 +100,20 @@ int inspect(const std::string& dir, int cp) {
 
 Runner add_inspect_command(CLI::App& app) {
     auto dir = std::make_shared<std::string>();
+    auto preset = std::make_shared<std::string>();
     auto cp = std::make_shared<int>(1);
     CLI::App* c = app.add_subcommand("inspect", "describe a checkpoint");
-    c->add_option("--model", *dir, "model folder")->required();
+    auto* model = c->add_option("--model", *dir, "model folder");
+    auto* pre = c->add_option("--preset", *preset,
+                              "a preset's model instead (tiny, flash, pro, ...): its GPU memory");
+    model->excludes(pre);
     c->add_option("--cp", *cp, "show each rank's weight bytes for this many ranks")
         ->check(CLI::Range(1, 1024));
-    return [dir, cp] { return inspect(*dir, *cp); };
+    return [dir, preset, cp] {
+        CPFILL_CHECK(!dir->empty() || !preset->empty(),
+                     "inspect: give --model DIR (a checkpoint) or --preset NAME");
+        return preset->empty() ? inspect(*dir, *cp) : inspect_preset(*preset, *cp);
+    };
 }
 
 }  // namespace cpfill::tools

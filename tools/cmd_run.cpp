@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -37,6 +38,7 @@ struct RunArgs {
     std::string input_ids;
     std::string input_ids_file;
     std::string device = "cpu";
+    std::string weights = "auto";
     std::string logits_out;
     bool all_logits = false;
     int threads = 0;
@@ -52,6 +54,18 @@ int64_t peak_rss_bytes() {
     struct rusage u {};
     getrusage(RUSAGE_SELF, &u);
     return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// fp8 weights that did not re-encode exactly (fp4 experts whose 1×32 scales span more than 2^6 in
+// a 128-block, or a bf16 checkpoint quantised with --weights fp8): said, never hidden.
+void report_fp8_inexact(const PrefillEngine& engine) {
+    const GpuGroup::WeightStats s = engine.gpu_weight_stats();
+    if (s.fp8_inexact == 0) return;
+    fmt::print(stderr,
+               "note: {} of {} fp8 weight values ({:.3g}%) are not exact in e4m3 with power-of-two "
+               "block scales and were rounded (docs/fp8.md)\n",
+               s.fp8_inexact, s.fp8_values,
+               100.0 * s.fp8_inexact / std::max<uint64_t>(1, s.fp8_values));
 }
 
 void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& r,
@@ -74,8 +88,12 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     if (a.device == "cuda") {
         // No phases_s: `run` does not time phases (that needs a timed run, `cpfill bench`), and
         // zeros would read as measurements.
+        const GpuGroup::WeightStats ws = engine.gpu_weight_stats();
         j["gpu"] = {{"peak_bytes_per_gpu", r.gpu.peak_bytes},
-                    {"weight_bytes_per_gpu", r.gpu.weight_bytes}};
+                    {"weight_bytes_per_gpu", r.gpu.weight_bytes},
+                    {"weights", gpu_weight_format_name(engine.gpu_weight_format())},
+                    {"fp8_values", ws.fp8_values},
+                    {"fp8_inexact_values", ws.fp8_inexact}};
     }
     if (!a.logits_out.empty()) j["logits_out"] = a.logits_out;
     if (!a.kv_out.empty()) j["kv_out"] = a.kv_out;
@@ -252,12 +270,14 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     eo.threads = a.threads;
     eo.cp = a.cp;
     eo.cuda = a.device == "cuda";
+    eo.weights = a.weights;
     if (mpi.active()) {
         eo.gpu.local_ranks = {mpi.rank()};
         eo.gpu.devices = {mpi.local_rank()};
         eo.gpu.nccl_id = mpi.broadcast(mpi.rank() == 0 ? GpuGroup::new_nccl_id() : NcclId{});
     }
     PrefillEngine engine(a.model, eo);
+    report_fp8_inexact(engine);
     RunOptions opt;
     opt.all_logits = a.all_logits;
     opt.tbo = parse_tbo(a.tbo);
@@ -282,7 +302,10 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     }
     fmt::print("load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO {})\n",
                engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
-               a.device == "cuda" ? "CUDA bf16" : "CPU fp32", a.cp, r.out.tbo_used ? "on" : "off");
+               a.device == "cuda"
+                   ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
+                   : std::string("CPU fp32"),
+               a.cp, r.out.tbo_used ? "on" : "off");
     return 0;
 }
 
@@ -304,6 +327,9 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--device", args->device,
                   "cpu, or cuda (one GPU per CP rank; under mpirun one process per GPU)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
+    c->add_option("--weights", args->weights,
+                  "cuda: how the GPUs hold the matrices: auto (as stored), bf16 or fp8")
+        ->capture_default_str();
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");
     c->add_flag("--all-logits", args->all_logits, "logits of every position, not only the last");

@@ -57,15 +57,17 @@ std::string tick_label(double v, double step) {
 struct Series {
     int cp = 1;
     std::string tbo;
+    std::string weights;
     std::vector<std::pair<int64_t, double>> points;  // (length, tokens/s per GPU), by length
 };
 
 std::vector<Series> collect_series(const BenchReport& r) {
     std::vector<Series> out;
     for (const BenchRow& row : r.rows) {
-        auto it = std::find_if(out.begin(), out.end(),
-                               [&](const Series& s) { return s.cp == row.cp && s.tbo == row.tbo; });
-        if (it == out.end()) it = out.insert(out.end(), Series{row.cp, row.tbo, {}});
+        auto it = std::find_if(out.begin(), out.end(), [&](const Series& s) {
+            return s.cp == row.cp && s.tbo == row.tbo && s.weights == row.weights;
+        });
+        if (it == out.end()) it = out.insert(out.end(), Series{row.cp, row.tbo, row.weights, {}});
         if (row.measured() && row.tokens_per_s_per_gpu > 0)
             it->points.push_back({row.length, row.tokens_per_s_per_gpu});
     }
@@ -145,7 +147,8 @@ std::string series_svg(const Frame& f, const Series& s, size_t index, int cp_ind
         "stroke-width=\"2\"{}/>\n",
         lx, ly, lx + 28, ly, colour, dash);
     const std::string label =
-        fmt::format("cp={}, TBO {}{}", s.cp, s.tbo, s.points.empty() ? " (skipped)" : "");
+        fmt::format("cp={}, TBO {}{}{}", s.cp, s.tbo, s.weights == "bf16" ? "" : ", " + s.weights,
+                    s.points.empty() ? " (skipped)" : "");
     out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" dominant-baseline=\"middle\">{}</text>\n",
                        lx + 34, ly, xml_escape(label));
     return out;

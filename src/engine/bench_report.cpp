@@ -187,7 +187,7 @@ void finalize_report(BenchReport& r) {
         if (!row.measured() || row.ttft <= 0) continue;
         for (const BenchRow& base : r.rows)
             if (base.cp == 1 && base.length == row.length && base.tbo == row.tbo &&
-                base.measured() && base.ttft > 0)
+                base.weights == row.weights && base.measured() && base.ttft > 0)
                 row.speedup = base.ttft / row.ttft;
     }
 }
@@ -226,9 +226,14 @@ std::string header(const BenchReport& r) {
     if (r.ceilings) {
         const BenchCeilings& c = *r.ceilings;
         s += fmt::format(
-            "Ceilings (this machine, this run): bf16 GEMM 8192³ {:.0f} TFLOP/s, HBM copy {:.0f} "
+            "Ceilings (this machine, this run): bf16 GEMM 8192³ {:.0f} TFLOP/s, {}HBM copy {:.0f} "
             "GB/s, NCCL all-gather 1 GiB ",
-            c.gemm_tflops, c.hbm_gbps);
+            c.gemm_tflops,
+            c.fp8_gemm_tflops > 0
+                ? fmt::format("fp8 GEMM 8192³ (128×128 / 1×128 block scales) {:.0f} TFLOP/s, ",
+                              c.fp8_gemm_tflops)
+                : std::string(),
+            c.hbm_gbps);
         s += c.allgather_gpus > 1 ? fmt::format("{:.0f} GB/s busbw on {} GPUs.\n",
                                                 c.allgather_busbw_gbps, c.allgather_gpus)
                                   : std::string("not measured (one GPU).\n");
@@ -243,11 +248,11 @@ std::string header(const BenchReport& r) {
 
 std::string main_table(const BenchReport& r) {
     std::string s =
-        "| cp | TBO | length | TFLOP | TTFT ms | tokens/s | tokens/s/GPU | MFU | CP speed-up | "
-        "exposed comm | peak GB/GPU |\n"
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "| cp | TBO | weights | length | TFLOP | TTFT ms | tokens/s | tokens/s/GPU | MFU | CP "
+        "speed-up | exposed comm | peak GB/GPU |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchRow& row : r.rows) {
-        s += fmt::format("| {} | {} | {} | {:.2f} | ", row.cp, tbo_label(row),
+        s += fmt::format("| {} | {} | {} | {} | {:.2f} | ", row.cp, tbo_label(row), row.weights,
                          format_length(row.length), row.flops / 1e12);
         if (!row.measured()) {
             s += fmt::format("skipped: {} | – | – | – | – | – | – |\n", cell(row.skipped));
@@ -266,16 +271,16 @@ std::string main_table(const BenchReport& r) {
 std::string phase_table(const BenchReport& r) {
     std::string s =
         "\n### Time per phase and per layer (the phase-timing run, ms)\n\n"
-        "| cp | TBO | length | attention | indexer | compressor | MoE | collectives | other | "
-        "sliding /layer | CSA /layer | HCA /layer |\n"
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "| cp | TBO | weights | length | attention | indexer | compressor | MoE | collectives | "
+        "other | sliding /layer | CSA /layer | HCA /layer |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchRow& row : r.rows) {
         if (!row.measured()) continue;
         const BenchPhases& p = row.phases;
-        s += fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |",
-                         row.cp, tbo_label(row), format_length(row.length), p.attention * 1e3,
-                         p.indexer * 1e3, p.compressor * 1e3, p.moe * 1e3, p.collectives * 1e3,
-                         p.other * 1e3);
+        s += fmt::format(
+            "| {} | {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |", row.cp,
+            tbo_label(row), row.weights, format_length(row.length), p.attention * 1e3,
+            p.indexer * 1e3, p.compressor * 1e3, p.moe * 1e3, p.collectives * 1e3, p.other * 1e3);
         for (AttnType t : {AttnType::Sliding, AttnType::CSA, AttnType::HCA}) {
             std::optional<double> ms;
             for (const LayerTypeTime& lt : row.layer_types)
@@ -292,12 +297,13 @@ std::string projection_table(const BenchReport& r) {
         "\n### Full-model projection — a projection, not a measurement\n\n"
         "Measured mean time per layer of each type × the full model's count of that type + the "
         "measured remainder (TTFT − Σ layer times).\n\n"
-        "| cp | TBO | length | model | layers (sliding + CSA + HCA) | projected TTFT ms | "
-        "tokens/s/GPU | MFU |\n"
-        "|---:|---|---:|---|---|---:|---:|---:|\n";
+        "| cp | TBO | weights | length | model | layers (sliding + CSA + HCA) | projected TTFT "
+        "ms | tokens/s/GPU | MFU |\n"
+        "|---:|---|---|---:|---|---|---:|---:|---:|\n";
     for (const BenchRow& row : r.rows) {
         if (!row.measured()) continue;
-        s += fmt::format("| {} | {} | {} | ", row.cp, tbo_label(row), format_length(row.length));
+        s += fmt::format("| {} | {} | {} | {} | ", row.cp, tbo_label(row), row.weights,
+                         format_length(row.length));
         if (!row.projection) {
             s += fmt::format("– ({}) | – | – | – | – |\n", cell(row.projection_note));
             continue;
@@ -352,6 +358,7 @@ AttnType attn_from_name(const std::string& s) {
 json row_json(const BenchRow& row) {
     json j = {{"cp", row.cp},
               {"tbo", row.tbo},
+              {"weights", row.weights},
               {"length", row.length},
               {"skipped", row.skipped},
               {"ttft_runs_s", row.ttft_runs},
@@ -393,6 +400,7 @@ BenchRow row_from_json(const json& j) {
     BenchRow row;
     row.cp = field<int>(j, "cp");
     row.tbo = field<std::string>(j, "tbo");
+    row.weights = j.value("weights", std::string("bf16"));  // reports before --weights: bf16
     row.length = field<int64_t>(j, "length");
     row.skipped = field<std::string>(j, "skipped");
     row.ttft_runs = field<std::vector<double>>(j, "ttft_runs_s");
@@ -448,6 +456,7 @@ nlohmann::json report_to_json(const BenchReport& r) {
         {"ceilings", nullptr},      {"rows", json::array()}};
     if (const auto& c = r.ceilings)
         j["ceilings"] = {{"gemm_tflops", c->gemm_tflops},
+                         {"fp8_gemm_tflops", c->fp8_gemm_tflops},
                          {"hbm_gbps", c->hbm_gbps},
                          {"allgather_busbw_gbps", c->allgather_busbw_gbps},
                          {"allgather_gpus", c->allgather_gpus}};
@@ -468,9 +477,10 @@ BenchReport report_from_json(const nlohmann::json& j) {
     r.seed = field<uint64_t>(j, "seed");
     if (j.contains("ceilings") && !j.at("ceilings").is_null()) {
         const json& c = j.at("ceilings");
-        r.ceilings = BenchCeilings{field<double>(c, "gemm_tflops"), field<double>(c, "hbm_gbps"),
-                                   field<double>(c, "allgather_busbw_gbps"),
-                                   field<int>(c, "allgather_gpus")};
+        r.ceilings =
+            BenchCeilings{field<double>(c, "gemm_tflops"), c.value("fp8_gemm_tflops", 0.0),
+                          field<double>(c, "hbm_gbps"), field<double>(c, "allgather_busbw_gbps"),
+                          field<int>(c, "allgather_gpus")};
     }
     for (const json& row : field<json>(j, "rows")) r.rows.push_back(row_from_json(row));
     return r;

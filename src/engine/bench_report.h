@@ -53,6 +53,7 @@ nlohmann::json phases_to_json(const GpuPhases& p);
 // Ceilings measured on the machine in the same run (GpuCeilings).
 struct BenchCeilings {
     double gemm_tflops = 0;
+    double fp8_gemm_tflops = 0;  // block-scaled fp8 (128×128 weight tiles) 8192³; 0: not measured
     double hbm_gbps = 0;
     double allgather_busbw_gbps = 0;
     int allgather_gpus = 0;
@@ -92,6 +93,7 @@ struct BenchRow {
     // Set by the runner.
     int cp = 1;
     std::string tbo = "off";            // as asked: off, on or auto
+    std::string weights = "bf16";       // how the GPUs held the matrices: bf16 or fp8
     int64_t length = 0;                 // prompt tokens of the one request
     std::string skipped;                // why the row was not measured; empty when it was
     std::vector<double> ttft_runs;      // seconds of each timed run

@@ -92,6 +92,11 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "ranks than it has units (expected --cp <= {})",
                  options.cp, cfg.moe_dim, cfg.moe_dim);
     cfg_ = cfg;
+    CPFILL_CHECK(options.cuda || options.weights == "auto",
+                 "--weights {}: the CPU backend computes in fp32 from the dequantised weights; "
+                 "--weights applies to --device cuda (leave it out, or auto)",
+                 options.weights);
+    if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
     load.progress = true;  // drawn only when stderr is a terminal and the load takes over 1 s
@@ -110,6 +115,7 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
     const ModelConfig& cfg = ckpt.config();
     GpuGroupOptions go = options_.gpu;
     go.cp = options_.cp;
+    go.weights = format_;
     gpu_ = std::make_unique<GpuGroup>(go);
     // Under mpirun (local ranks given) only this process's ranks; otherwise all of them. The
     // top-level tensors first, then one layer at a time: read into host fp32, uploaded, dropped,
@@ -177,6 +183,23 @@ PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& re
     if (local.empty() || std::find(local.begin(), local.end(), 0) != local.end())
         check_gpu_host_logits(cfg_, requests, opt.all_logits);  // rank 0 holds them
     return gpu_->run(requests, g, stats);
+}
+
+GpuGroup::WeightStats PrefillEngine::gpu_weight_stats() const {
+    return gpu_ ? gpu_->weight_stats() : GpuGroup::WeightStats{};
+}
+
+GpuWeightFormat stored_gpu_format(const Checkpoint& ckpt) {
+    for (const WeightSpec& spec : ckpt.specs().all()) {
+        if (spec.cls != WeightClass::Fp8Linear && spec.cls != WeightClass::Fp4Expert) continue;
+        if (!ckpt.stored(spec.name).scale_name.empty()) return GpuWeightFormat::Fp8;
+    }
+    return GpuWeightFormat::Bf16;
+}
+
+GpuWeightFormat resolve_gpu_format(const std::string& weights, const Checkpoint& ckpt) {
+    if (weights == "auto") return stored_gpu_format(ckpt);
+    return parse_gpu_weight_format(weights);
 }
 
 int32_t argmax(const float* v, int64_t n) {

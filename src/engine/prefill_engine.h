@@ -19,6 +19,11 @@ struct EngineOptions {
     LocalCommOptions comm;
     bool cuda = false;  // run on GPUs (ranks = GPUs 0 … cp − 1 of this process, or under mpirun)
     GpuGroupOptions gpu;  // cuda: local ranks, devices and NCCL id (empty: threaded mode)
+    // cuda: how the GPUs hold the matrices (`--weights`): "auto" (as the checkpoint stores them:
+    // fp8 when its linears are block-quantised fp8 / fp4, else bf16), "bf16" or "fp8"
+    // (docs/fp8.md). The CPU backend computes in fp32 from the dequantised weights and takes "auto"
+    // only.
+    std::string weights = "auto";
 };
 
 struct RunOptions {
@@ -53,6 +58,9 @@ class PrefillEngine {
     double load_gbps() const { return load_seconds_ > 0 ? load_bytes_ * 1e-9 / load_seconds_ : 0; }
     // fp32 bytes each rank holds: attention and head replicated, experts 1/C.
     size_t rank_weight_bytes() const { return rank_bytes_; }
+    // cuda: the format the GPUs hold (auto resolved) and their weights' stats.
+    GpuWeightFormat gpu_weight_format() const { return format_; }
+    GpuGroup::WeightStats gpu_weight_stats() const;
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
     RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
 
@@ -69,7 +77,14 @@ class PrefillEngine {
     size_t rank_bytes_ = 0;            // fp32 bytes of one rank's weights as loaded
     double load_seconds_ = 0;
     size_t load_bytes_ = 0;  // stored bytes read
+    GpuWeightFormat format_ = GpuWeightFormat::Bf16;
 };
+
+// The format `--weights auto` means for a checkpoint: fp8 when its fp8-class linears or routed
+// experts are stored block-quantised (fp8 e4m3 or fp4 e2m1 with scales), else bf16.
+GpuWeightFormat stored_gpu_format(const Checkpoint& ckpt);
+// `--weights` (auto, bf16 or fp8) for a checkpoint: auto resolved by stored_gpu_format.
+GpuWeightFormat resolve_gpu_format(const std::string& weights, const Checkpoint& ckpt);
 
 // Index of the largest value (first one on ties).
 int32_t argmax(const float* v, int64_t n);

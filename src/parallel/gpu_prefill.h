@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/model_config.h"
+#include "model/weight_bytes.h"
 #include "model/weights.h"
 #include "parallel/cp_prefill.h"
 
@@ -30,6 +31,9 @@ struct GpuGroupOptions {
     std::vector<int> devices;      // CUDA device of each local rank (empty: local rank index)
     NcclId nccl_id{};              // shared by all processes (ignored in the threaded mode)
     std::chrono::milliseconds deadline{600000};  // longest host wait before an error
+    // How the GPUs hold the matrices (`--weights`, model/weight_bytes.h): bf16, or fp8 where the
+    // release ships fp8 / fp4.
+    GpuWeightFormat weights = GpuWeightFormat::Bf16;
 };
 
 struct GpuRunOptions {
@@ -83,14 +87,17 @@ struct GpuMemoryPlan {
     size_t total() const { return weights + workspace; }
 };
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
-                              bool tbo, bool all_logits);
+                              bool tbo, bool all_logits,
+                              GpuWeightFormat format = GpuWeightFormat::Bf16);
 // The `weights` part alone needs no GPU: gpu_weight_bytes (model/weight_bytes.h).
 
-// Ceilings measured on this machine (docs/performance.md): bf16 GEMM 8192³ through cuBLASLt,
+// Ceilings measured on this machine (docs/performance.md): bf16 and block-scaled fp8 GEMM 8192³
+// through cuBLASLt,
 // device-to-device copy (read + write bytes / s) and, with ≥ 2 GPUs, NCCL all-gather bus bandwidth
 // at 1 GiB on min(devices, 2) GPUs (0 with one GPU).
 struct GpuCeilings {
     double gemm_tflops = 0;
+    double fp8_gemm_tflops = 0;  // e4m3, 128×128 weight / 1×128 activation block scales
     double hbm_gbps = 0;
     double allgather_busbw_gbps = 0;
     int allgather_gpus = 0;
@@ -121,9 +128,18 @@ class GpuGroup {
     // the top-level tensors; load_layer uploads layer `layer` of each rank's view.
     void load_top(const std::vector<const ModelWeights*>& rank_weights);
     void load_layer(int layer, const std::vector<const ModelWeights*>& rank_weights);
-    // Random bf16 weights generated on each GPU (benchmarks: nothing to read or upload): scaled
-    // like random_checkpoint (io/random_checkpoint.h), expert slices of the rank's part.
+    // Random weights (in the group's format) generated on each GPU (benchmarks: nothing to read or
+    // upload): scaled like random_checkpoint (io/random_checkpoint.h), expert slices of the rank's
+    // part.
     void randomize(const ModelConfig& cfg, uint64_t seed);
+
+    // The local ranks' weights: the largest rank's device bytes, and the fp8 values quantised and
+    // those not exact (GpuWeights::fp8_inexact) summed over the ranks.
+    struct WeightStats {
+        size_t bytes = 0;
+        uint64_t fp8_values = 0, fp8_inexact = 0;
+    };
+    WeightStats weight_stats() const;
 
     // Runs the prefill. Rank 0's process gets logits and records; other processes get an output
     // with empty logits. Throws the first local error; peers are aborted, never left hanging.

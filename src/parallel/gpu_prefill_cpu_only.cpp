@@ -22,11 +22,14 @@ void GpuGroup::load(const std::vector<const ModelWeights*>&) { no_cuda(); }
 void GpuGroup::load_top(const std::vector<const ModelWeights*>&) { no_cuda(); }
 void GpuGroup::load_layer(int, const std::vector<const ModelWeights*>&) { no_cuda(); }
 void GpuGroup::randomize(const ModelConfig&, uint64_t) { no_cuda(); }
+GpuGroup::WeightStats GpuGroup::weight_stats() const { no_cuda(); }
 PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>&, const GpuRunOptions&,
                             GpuStats*) {
     no_cuda();
 }
-GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool) { no_cuda(); }
+GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool, GpuWeightFormat) {
+    no_cuda();
+}
 GpuCeilings measure_gpu_ceilings() { no_cuda(); }
 
 }  // namespace cpfill

@@ -120,7 +120,7 @@ TEST_P(Fp8Gemm, EqualsTheProductOfTheDequantisedInputs) {
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
     const cuda::DeviceBuffer dx = upload(xb);
     cuda::DeviceBuffer xq(p.n * p.in), xs(p.n * (p.in / 128) * 4), y(p.n * p.out * 2),
-        xback(p.n * p.in * 4);
+        y32(p.n * p.out * 4), xback(p.n * p.in * 4);
     oc::quantize_act_fp8(dx.as<__nv_bfloat16>(), p.in, p.n, p.in, xq.as<void>(), xs.as<float>(),
                          nullptr);
     // The activation scales [in/128][n] are the Row128 layout of an [n, in] matrix.
@@ -128,8 +128,11 @@ TEST_P(Fp8Gemm, EqualsTheProductOfTheDequantisedInputs) {
                               xback.as<float>(), nullptr);
     oc::GemmContext ctx;
     oc::gemm_fp8(ctx, xq.as<void>(), xs.as<float>(), p.n, p.in, w.q.as<void>(), w.scale.as<float>(),
-                 p.blocks, p.out, y.as<__nv_bfloat16>(), p.out, nullptr);
+                 p.blocks, p.out, y.as<__nv_bfloat16>(), nullptr, p.out, nullptr);
+    oc::gemm_fp8(ctx, xq.as<void>(), xs.as<float>(), p.n, p.in, w.q.as<void>(), w.scale.as<float>(),
+                 p.blocks, p.out, nullptr, y32.as<float>(), p.out, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> y32h = download<float>(y32, static_cast<size_t>(p.n * p.out));
     const std::vector<float> xd = download<float>(xback, static_cast<size_t>(p.n * p.in));
     const std::vector<uint16_t> yb = download<uint16_t>(y, static_cast<size_t>(p.n * p.out));
     // Activation quantisation itself: within half an e4m3 step of x (2^-4 relative for normals,
@@ -146,7 +149,7 @@ TEST_P(Fp8Gemm, EqualsTheProductOfTheDequantisedInputs) {
                     << "activation " << i;
             }
         }
-    double worst = 0;
+    double worst = 0, worst32 = 0;
     size_t worst_at = 0;
     for (int64_t t = 0; t < p.n; ++t)
         for (int64_t o = 0; o < p.out; ++o) {
@@ -163,9 +166,14 @@ TEST_P(Fp8Gemm, EqualsTheProductOfTheDequantisedInputs) {
                 worst = err;
                 worst_at = static_cast<size_t>(t * p.out + o);
             }
+            worst32 = std::max(worst32, std::abs(y32h[t * p.out + o] - ref) / (mag + 1e-30));
         }
     test_cuda::print_diff("fp8 gemm (error / sum |x·w|)", {worst, worst, worst_at, ""});
     EXPECT_LT(worst, 4e-3) << "worst at output " << worst_at;
+    // fp32 output: no output rounding, only the accumulation's. Measured 1.9–2.3e-4 of Σ|x·w| on
+    // the H200: the fp8 tensor cores accumulate with fewer than fp32's bits inside a 128-block.
+    std::printf("[ fp8 gemm ] fp32 output: worst error %.3g of sum |x·w|\n", worst32);
+    EXPECT_LT(worst32, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
@@ -184,7 +192,7 @@ TEST(Fp8Gemm, RowsNotAMultipleOfFourAreRefused) {
     oc::GemmContext ctx;
     try {
         oc::gemm_fp8(ctx, xq.as<void>(), xs.as<float>(), 37, 128, wq.as<void>(), ws.as<float>(),
-                     oc::Fp8Blocks::Tile128, 128, y.as<__nv_bfloat16>(), 128, nullptr);
+                     oc::Fp8Blocks::Tile128, 128, y.as<__nv_bfloat16>(), nullptr, 128, nullptr);
         ADD_FAILURE() << "37 rows were accepted";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("multiple of 4"), std::string::npos) << e.what();

@@ -4,6 +4,7 @@
 #include "model/cuda/gpu_attention.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/compressor.h"
+#include "ops/cuda/fp8.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/norm.h"
 #include "ops/cuda/rope.h"
@@ -20,9 +21,14 @@ const float* inv_freq(const GpuWeights& W, const GpuLayer& L) {
     return (L.type == AttnType::Sliding ? W.inv_freq_main : W.inv_freq_compress).as<float>();
 }
 
+// A bf16-only projection (the compressors' and the router's: bf16 in the release).
 void linear(const GpuCtx& c, const bf16* x, int64_t n, int64_t in, const DeviceBuffer& w,
             int64_t out, bf16* y, int64_t ldy) {
     oc::gemm_bf16(*c.gemm, x, in, n, in, w.as<bf16>(), out, y, nullptr, ldy, false, c.stream);
+}
+
+void linear(const GpuCtx& c, const bf16* x, int64_t n, const GpuMatrix& w, bf16* y, int64_t ldy) {
+    gpu_linear(c, w, x, w.cols, n, y, nullptr, ldy);
 }
 
 // Pools windows [first, last) of one compressor from packed request rows into dst rows.
@@ -41,6 +47,18 @@ void pool(const GpuCtx& c, const GpuWeights& W, const GpuCompressor& comp, int r
 
 }  // namespace
 
+void gpu_linear(const GpuCtx& c, const GpuMatrix& w, const bf16* x, int64_t ldx, int64_t n,
+                bf16* y_bf16, float* y_f32, int64_t ldy) {
+    if (!w.fp8()) {
+        oc::gemm_bf16(*c.gemm, x, ldx, n, w.cols, w.bf16(), w.rows, y_bf16, y_f32, ldy, false,
+                      c.stream);
+        return;
+    }
+    CPFILL_CHECK(c.fp8 != nullptr, "an fp8 weight but no fp8 scratch in the workspace");
+    oc::fp8_linear(*c.gemm, *c.fp8, x, ldx, n, w.cols, w.data.as<void>(), w.scale.as<float>(),
+                   w.blocks(), w.rows, y_bf16, y_f32, ldy, c.stream);
+}
+
 int64_t packed_width(const ModelConfig& cfg, AttnType t) {
     int64_t w = cfg.head_dim;
     if (t == AttnType::HCA) w += 2 * int64_t{cfg.head_dim};
@@ -56,7 +74,7 @@ void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
     const int64_t ld = packed_width(cfg, L.type);
     c.phase(Phase::Attention);
     // Window key: rope(kv_norm(x · wkv)), then into column 0 of the packed rows.
-    linear(c, xn, n, D, L.wkv, d, s.key, d);
+    linear(c, xn, n, L.wkv, s.key, d);
     oc::rmsnorm(s.key, n, d, L.kv_norm.as<float>(), float(cfg.norm_eps), s.key, c.stream);
     oc::apply_rope(s.key, n, d, 1, static_cast<int>(d), cfg.rope_dim, inv_freq(W, L), rows.pos,
                    false, c.stream);
@@ -82,15 +100,15 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, c
     const int64_t Hd = int64_t{H} * d;
     const float eps = float(cfg.norm_eps);
     c.phase(Phase::Attention);
-    linear(c, xn, n, D, L.wq_a, cfg.q_rank, s.cq, cfg.q_rank);
+    linear(c, xn, n, L.wq_a, s.cq, cfg.q_rank);
     oc::rmsnorm(s.cq, n, cfg.q_rank, L.q_norm.as<float>(), eps, s.cq, c.stream);
-    linear(c, s.cq, n, cfg.q_rank, L.wq_b, Hd, s.q, Hd);
+    linear(c, s.cq, n, L.wq_b, s.q, Hd);
     oc::rmsnorm(s.q, n * H, d, nullptr, eps, s.q, c.stream);
     oc::apply_rope(s.q, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, false, c.stream);
     if (L.type != AttnType::CSA) return;
     c.phase(Phase::Indexer);
     const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
-    linear(c, s.cq, n, cfg.q_rank, L.idx_wq_b, int64_t{nI} * dI, s.qI, int64_t{nI} * dI);
+    linear(c, s.cq, n, L.idx_wq_b, s.qI, int64_t{nI} * dI);
     oc::apply_rope(s.qI, n, int64_t{nI} * dI, nI, dI, cfg.rope_dim, inv_freq(W, L), rows.pos, false,
                    c.stream);
     oc::gemm_bf16(*c.gemm, xn, D, n, D, L.idx_weights_proj.as<bf16>(), nI, nullptr, s.wI, nI, false,
@@ -184,11 +202,24 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
     oc::apply_rope(s.o, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, true, c.stream);
     const int g = cfg.o_groups;
     const int64_t group_in = Hd / g, ro = cfg.o_rank;
-    for (int gi = 0; gi < g; ++gi)
-        oc::gemm_bf16(*c.gemm, s.o + gi * group_in, Hd, n, group_in,
-                      L.wo_a.as<bf16>() + gi * ro * group_in, ro, s.yo + gi * ro, nullptr, g * ro,
-                      false, c.stream);
-    linear(c, s.yo, n, g * ro, L.wo_b, D, out, D);
+    // wo_a: group gi's rows [gi · ro, (gi + 1) · ro) of the weight on columns [gi · group_in, …)
+    // of o (ro a multiple of 128 when fp8: its scale tiles are whole row tiles of the group).
+    for (int gi = 0; gi < g; ++gi) {
+        const GpuMatrix& w = L.wo_a;
+        const bf16* x = s.o + gi * group_in;
+        if (!w.fp8()) {
+            oc::gemm_bf16(*c.gemm, x, Hd, n, group_in, w.bf16() + gi * ro * group_in, ro,
+                          s.yo + gi * ro, nullptr, g * ro, false, c.stream);
+            continue;
+        }
+        CPFILL_CHECK(c.fp8 != nullptr, "an fp8 weight but no fp8 scratch in the workspace");
+        const int64_t tiles_per_row = oc::fp8_weight_scales(128, group_in, w.blocks());
+        oc::fp8_linear(*c.gemm, *c.fp8, x, Hd, n, group_in,
+                       w.data.as<uint8_t>() + gi * ro * group_in,
+                       w.scale.as<float>() + gi * (ro / 128) * tiles_per_row, w.blocks(), ro,
+                       s.yo + gi * ro, nullptr, g * ro, c.stream);
+    }
+    linear(c, s.yo, n, L.wo_b, out, D);
 }
 
 }  // namespace cpfill::cuda

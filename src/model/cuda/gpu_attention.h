@@ -54,6 +54,11 @@ struct GpuAttnScratch {
     const int64_t* win_pos_hca = nullptr;  // [max entries] w · hca_ratio
 };
 
+// y[n, out] (bf16 or fp32, row stride ldy) = x[n, in] (bf16, row stride ldx) · wᵀ: bf16 GEMM, or
+// for an fp8 matrix the activation quantised into c.fp8 and the block-scaled GEMM.
+void gpu_linear(const GpuCtx& c, const GpuMatrix& w, const bf16* x, int64_t ldx, int64_t n,
+                bf16* y_bf16, float* y_f32, int64_t ldy);
+
 // Packed row widths [key | C | Z | C_idx | Z_idx] (the CPU backend's packed_widths).
 int64_t packed_width(const ModelConfig& cfg, AttnType t);
 

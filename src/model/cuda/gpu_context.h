@@ -1,6 +1,6 @@
 // What the GPU model functions (gpu_attention.h, gpu_moe.h) run with: the rank's compute stream,
-// its cuBLASLt context, the abort flag and deadline for the few host waits, and an optional phase
-// timer (CUDA events on the compute stream, rank 0 only).
+// its cuBLASLt context, the activation scratch of fp8 linears, the abort flag and deadline for the
+// few host waits, and an optional phase timer (CUDA events on the compute stream, rank 0 only).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +8,7 @@
 #include <chrono>
 #include <vector>
 
+#include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/gemm.h"
 #include "runtime/cuda/host_wait.h"
 
@@ -43,6 +44,7 @@ class PhaseTimer {
 struct GpuCtx {
     cudaStream_t stream = nullptr;
     ops::cuda::GemmContext* gemm = nullptr;
+    const ops::cuda::Fp8LinearScratch* fp8 = nullptr;  // for fp8 weights (the workspace's)
     const AbortFlag* flag = nullptr;
     std::chrono::milliseconds deadline{600000};
     PhaseTimer* timer = nullptr;

@@ -7,6 +7,7 @@
 #include "model/cuda/gpu_moe.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_dispatch.h"
+#include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/rows.h"
 #include "runtime/cuda/cuda_check.h"
 
@@ -38,29 +39,38 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model, width = W.width, n_assign = rows * K;
     const float limit = float(cfg.swiglu_limit);
+    const bool fp8 = L.w13.fp8();
     c.phase(Phase::Moe);
-    oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
-    // Routed experts beside the shared expert: one grouped GEMM each for gate_up and down with one
-    // SwiGLU between them on expert stream 0, or (es.grouped == nullptr) a GEMM pair per expert,
-    // largest first, each on the expert stream with the fewest rows so far. Every expert works
-    // on its own rows of every buffer, so they never touch the same memory.
-    const int ns = es.grouped ? 1 : es.count;
-    CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
-    for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
-    std::vector<int64_t> first(E + 1, 0);
+    // Each expert's first row: in the sorted assignments, and in the padded rows of fp8 experts.
+    std::vector<int64_t> first(E + 1, 0), pfirst(E + 1, 0);
     for (int e = 0; e < E; ++e) {
         const int64_t m = r.host_counts[e];
         CPFILL_CHECK(m >= 0 && m <= rows && first[e] + m <= n_assign,
                      "expert {}: {} rows of {} assignments", e, m, n_assign);
         first[e + 1] = first[e] + m;
+        pfirst[e + 1] = pfirst[e] + (fp8 ? oc::padded_rows(m) : m);
     }
     CPFILL_CHECK(first[E] == n_assign, "expert counts sum to {}, expected {}", first[E], n_assign);
-    if (es.grouped) {
+    if (fp8) {
+        oc::expert_offsets(r.counts, E, s.first, s.pfirst, c.stream);
+        oc::gather_quant_fp8(y, D, r.perm, K, r.weight, r.counts, s.first, s.pfirst, E, pfirst[E],
+                             s.xq, s.xs, s.sp, s.inv, c.stream);
+    } else {
+        oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
+    }
+    // Routed experts beside the shared expert: one grouped GEMM each for gate_up and down with one
+    // SwiGLU between them on expert stream 0 (bf16 experts only), or a GEMM pair per expert,
+    // largest first, each on the expert stream with the fewest rows so far. Every expert works
+    // on its own rows of every buffer, so they never touch the same memory.
+    const bool grouped = es.grouped && !fp8;
+    const int ns = grouped ? 1 : es.count;
+    CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
+    for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
+    if (grouped) {
         const cudaStream_t st = es.stream[0];
-        es.grouped->experts(r.counts, r.host_counts, E, s.xp, D, L.w13.as<bf16>(), 2 * width, s.gu,
-                            st);
+        es.grouped->experts(r.counts, r.host_counts, E, s.xp, D, L.w13.bf16(), 2 * width, s.gu, st);
         oc::swiglu(s.gu, n_assign, width, limit, s.sp, s.act, st);
-        es.grouped->experts(r.counts, r.host_counts, E, s.act, width, L.w2.as<bf16>(), D, s.op, st);
+        es.grouped->experts(r.counts, r.host_counts, E, s.act, width, L.w2.bf16(), D, s.op, st);
     } else {
         std::vector<int> order(E);
         std::iota(order.begin(), order.end(), 0);
@@ -68,27 +78,40 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
                          [&](int a, int b) { return r.host_counts[a] > r.host_counts[b]; });
         int64_t load[kMaxExpertStreams] = {};
         for (const int e : order) {
-            const int64_t m = r.host_counts[e], off = first[e];
+            const int64_t m = r.host_counts[e];
             if (m == 0) break;
             const int si = static_cast<int>(std::min_element(load, load + ns) - load);
             load[si] += m;
             const cudaStream_t st = es.stream[si];
             oc::GemmContext& g = *es.gemm[si];
+            const int64_t off = pfirst[e], rows_e = pfirst[e + 1] - pfirst[e];
             bf16* gu = s.gu + off * 2 * width;
+            bf16* op = s.op + off * D;
+            if (fp8) {
+                oc::gemm_fp8(g, static_cast<uint8_t*>(s.xq) + off * D, s.xs + off * (D / 128),
+                             rows_e, D, L.w13.data.as<uint8_t>() + e * 2 * width * D,
+                             L.w13.scale.as<float>() + e * L.w13.scales_per_matrix(),
+                             L.w13.blocks(), 2 * width, gu, nullptr, 2 * width, st);
+                uint8_t* aq = static_cast<uint8_t*>(s.aq) + off * width;
+                float* as = s.as + off * (width / 128);
+                oc::swiglu_quant_fp8(gu, rows_e, width, limit, s.sp + off, aq, as, st);
+                oc::gemm_fp8(g, aq, as, rows_e, width, L.w2.data.as<uint8_t>() + e * D * width,
+                             L.w2.scale.as<float>() + e * L.w2.scales_per_matrix(), L.w2.blocks(),
+                             D, op, nullptr, D, st);
+                continue;
+            }
             bf16* act = s.act + off * width;
-            oc::linear_bf16(g, s.xp + off * D, m, D, L.w13.as<bf16>() + e * 2 * width * D,
-                            2 * width, gu, nullptr, false, st);
+            oc::linear_bf16(g, s.xp + off * D, m, D, L.w13.bf16() + e * 2 * width * D, 2 * width,
+                            gu, nullptr, false, st);
             oc::swiglu(gu, m, width, limit, s.sp + off, act, st);
-            oc::linear_bf16(g, act, m, width, L.w2.as<bf16>() + e * D * width, D, s.op + off * D,
-                            nullptr, false, st);
+            oc::linear_bf16(g, act, m, width, L.w2.bf16() + e * D * width, D, op, nullptr, false,
+                            st);
         }
     }
     // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32.
-    oc::linear_bf16(*c.gemm, y, rows, D, L.shared_w13.as<bf16>(), 2 * width, s.gu_shared, nullptr,
-                    false, c.stream);
+    gpu_linear(c, L.shared_w13, y, D, rows, s.gu_shared, nullptr, 2 * width);
     oc::swiglu(s.gu_shared, rows, width, limit, nullptr, s.act_shared, c.stream);
-    oc::linear_bf16(*c.gemm, s.act_shared, rows, width, L.shared_w2.as<bf16>(), D, nullptr, s.acc,
-                    false, c.stream);
+    gpu_linear(c, L.shared_w2, s.act_shared, width, rows, nullptr, s.acc, D);
     for (int i = 0; i < ns; ++i) {
         CPFILL_CUDA_CHECK(cudaEventRecord(es.join[i], es.stream[i]));
         CPFILL_CUDA_CHECK(cudaStreamWaitEvent(c.stream, es.join[i], 0));

@@ -28,14 +28,22 @@ struct GpuRouteScratch {
     size_t sort_bytes = 0;
 };
 
-// Expert work space, shared by the sub-batches (their MoE stages run one after the other).
+// Expert work space, shared by the sub-batches (their MoE stages run one after the other). With
+// fp8 experts the routed rows are padded per expert (ops/cuda/moe_fp8.h): R = max_padded_rows(rows
+// · top_k, n_experts) rows, and xq / aq replace xp / act; else R = rows · top_k.
 struct GpuMoeScratch {
     int32_t* inv = nullptr;      // [rows · top_k]
-    bf16* xp = nullptr;          // [rows · top_k, d_model]
-    float* sp = nullptr;         // [rows · top_k]
-    bf16* gu = nullptr;          // [rows · top_k, 2 · width] routed: each expert its own rows
-    bf16* act = nullptr;         // [rows · top_k, width]
-    bf16* op = nullptr;          // [rows · top_k, d_model]
+    bf16* xp = nullptr;          // [R, d_model] (bf16 experts)
+    float* sp = nullptr;         // [R]
+    bf16* gu = nullptr;          // [R, 2 · width] routed: each expert its own rows
+    bf16* act = nullptr;         // [R, width] (bf16 experts)
+    bf16* op = nullptr;          // [R, d_model]
+    void* xq = nullptr;          // e4m3 [R, d_model] (fp8 experts)
+    float* xs = nullptr;         // [R · d_model / 128]
+    void* aq = nullptr;          // e4m3 [R, width]
+    float* as = nullptr;         // [R · width / 128]
+    int32_t* first = nullptr;    // [n_experts + 1]
+    int32_t* pfirst = nullptr;   // [n_experts + 1]
     bf16* gu_shared = nullptr;   // [rows, 2 · width]
     bf16* act_shared = nullptr;  // [rows, width]
     float* acc = nullptr;        // [rows, d_model]

@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "model/cuda/gpu_weights.h"
 #include "model/weight_bytes.h"
+#include "ops/cuda/fp8.h"
 #include "ops/rope.h"
 #include "runtime/cuda/cuda_check.h"
 
@@ -22,11 +23,12 @@ __device__ inline float hashed_uniform(uint64_t seed, uint64_t i) {
     return static_cast<float>(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [−1, 1)
 }
 
-__global__ void fill_kernel(void* out, bool bf16, int64_t n, uint64_t seed, float mean,
-                            float half) {
+// out[i] = value offset + i of the stream `seed`.
+__global__ void fill_kernel(void* out, bool bf16, int64_t n, uint64_t seed, float mean, float half,
+                            int64_t offset) {
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
          i += int64_t{gridDim.x} * blockDim.x) {
-        const float v = mean + half * hashed_uniform(seed, static_cast<uint64_t>(i));
+        const float v = mean + half * hashed_uniform(seed, static_cast<uint64_t>(offset + i));
         if (bf16)
             static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
         else
@@ -79,20 +81,10 @@ DeviceBuffer& gpu_slot(GpuLayer& g, const WeightSpec& spec) {
             return g.ffn_norm;
         case S::Sink:
             return g.sink;
-        case S::WqA:
-            return g.wq_a;
         case S::QNorm:
             return g.q_norm;
-        case S::WqB:
-            return g.wq_b;
-        case S::Wkv:
-            return g.wkv;
         case S::KvNorm:
             return g.kv_norm;
-        case S::WoA:
-            return g.wo_a;
-        case S::WoB:
-            return g.wo_b;
         case S::CompWkv:
             return g.comp.wkv;
         case S::CompWgate:
@@ -101,8 +93,6 @@ DeviceBuffer& gpu_slot(GpuLayer& g, const WeightSpec& spec) {
             return g.comp.ape;
         case S::CompNorm:
             return g.comp.norm;
-        case S::IdxWqB:
-            return g.idx_wq_b;
         case S::IdxWeightsProj:
             return g.idx_weights_proj;
         case S::IdxCompWkv:
@@ -119,17 +109,36 @@ DeviceBuffer& gpu_slot(GpuLayer& g, const WeightSpec& spec) {
             return g.gate_bias;
         case S::Tid2eid:
             return g.tid2eid;
-        case S::W1:
-        case S::W3:
-            if (spec.expert < 0) return g.shared_w13;
-            break;
-        case S::W2:
-            if (spec.expert < 0) return g.shared_w2;
-            break;
         default:
             break;
     }
     CPFILL_FAIL("weight {}: no GPU layer field for its slot", spec.name);
+}
+
+// The matrix weight `spec` fills, or null when its slot is not one of GpuLayer's matrices (the
+// routed experts' w13 / w2 hold all experts and are built apart; w3 shares w1's).
+GpuMatrix* gpu_matrix(GpuLayer& g, const WeightSpec& spec) {
+    using S = WeightSlot;
+    switch (spec.slot) {
+        case S::WqA:
+            return &g.wq_a;
+        case S::WqB:
+            return &g.wq_b;
+        case S::Wkv:
+            return &g.wkv;
+        case S::WoA:
+            return &g.wo_a;
+        case S::WoB:
+            return &g.wo_b;
+        case S::IdxWqB:
+            return &g.idx_wq_b;
+        case S::W1:
+            return spec.expert < 0 ? &g.shared_w13 : nullptr;
+        case S::W2:
+            return spec.expert < 0 ? &g.shared_w2 : nullptr;
+        default:
+            return nullptr;
+    }
 }
 
 DeviceBuffer& gpu_top_slot(GpuWeights& g, const WeightSpec& spec) {
@@ -152,12 +161,19 @@ DeviceBuffer& gpu_top_slot(GpuWeights& g, const WeightSpec& spec) {
     CPFILL_FAIL("weight {}: no top-level GPU field for its slot", spec.name);
 }
 
-// Builds device tensors at the table's GPU dtype (model/weight_bytes.h): from host f32 (checked
+// Builds device tensors at the table's GPU storage (model/weight_bytes.h): from host f32 (checked
 // against the rank's element count) or at random from the table's distribution, generated on the
-// device from (seed, tensor name), so the same seed gives the same weights on every rank.
+// device from (seed, tensor name), so the same seed gives the same weights on every rank (and the
+// same values before rounding in bf16 and in fp8). fp8 matrices are quantised on the device, one
+// matrix at a time through an f32 staging buffer, their inexact values counted.
 class Builder {
   public:
-    Builder(uint64_t seed, size_t* bytes) : seed_(seed), bytes_(bytes) {}
+    Builder(uint64_t seed, GpuWeights* g) : seed_(seed), g_(g) {}
+    ~Builder() {
+        if (counter_) cudaFree(counter_);
+    }
+    Builder(const Builder&) = delete;
+    Builder& operator=(const Builder&) = delete;
     // `n` elements of `dtype` (bf16 or f32) named `name`, from `host` or drawn from `init`.
     void fill(DeviceBuffer& dst, DType dtype, int64_t n, const std::string& name,
               const Tensor* host, WeightInit init) {
@@ -168,43 +184,123 @@ class Builder {
             dst = bf16 ? upload_bf16(host->f32(), n) : upload_f32(host->f32(), n);
         } else {
             dst = DeviceBuffer(n * (bf16 ? 2 : 4));
-            if (n) {
-                const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 8192));
-                fill_kernel<<<blocks, 256>>>(dst.as<void>(), bf16, n, mix(seed_, name_hash(name)),
-                                             static_cast<float>(init.mean),
-                                             static_cast<float>(init.std * std::sqrt(3.0)));
-                CPFILL_CUDA_CHECK(cudaGetLastError());
-            }
+            random(dst.as<void>(), bf16, n, name, init, 0);
         }
-        *bytes_ += dst.bytes();
+        g_->bytes += dst.bytes();
     }
-    // Weight `spec` of a rank with expert slice `slice`.
+    // Weight `spec` of a rank with expert slice `slice` (not a matrix of GpuLayer).
     void operator()(DeviceBuffer& dst, const WeightSpec& spec, const ModelConfig& cfg,
                     ExpertSlice slice, const Tensor* host) {
         fill(dst, gpu_dtype(spec), rank_numel(spec, cfg, slice), spec.name, host, spec.init);
     }
+    // `count` matrices [rows, cols] stored as `st`, named `name` (its random stream runs on over
+    // the matrices); matrix e from host_of(e) (f32 [rows · cols]) when from_host, else at random.
+    // Fp8Row matrices are first tried as Fp8Tile (fewer scales, GEMMs 1.3× faster: docs/fp8.md),
+    // and kept so when every value came out exact.
+    template <class HostOf>
+    void matrix(GpuMatrix& m, GpuStorage st, int64_t count, int64_t rows, int64_t cols,
+                const std::string& name, WeightInit init, bool from_host, HostOf host_of) {
+        if (st == GpuStorage::Fp8Row && !from_host) {
+            // Random weights are defined by their rounding (the values the release would ship):
+            // tiles, nothing counted.
+            store(m, GpuStorage::Fp8Tile, count, rows, cols, name, init, false, host_of);
+            return;
+        }
+        if (st == GpuStorage::Fp8Row) {
+            const unsigned long long before = inexact();
+            const size_t bytes = g_->bytes;
+            const uint64_t values = g_->fp8_values;
+            store(m, GpuStorage::Fp8Tile, count, rows, cols, name, init, from_host, host_of);
+            if (inexact() == before) return;
+            set_inexact(before);  // not exact in tiles: (row, 128) blocks instead
+            g_->bytes = bytes;
+            g_->fp8_values = values;
+        }
+        store(m, st, count, rows, cols, name, init, from_host, host_of);
+    }
+    template <class HostOf>
+    void store(GpuMatrix& m, GpuStorage st, int64_t count, int64_t rows, int64_t cols,
+               const std::string& name, WeightInit init, bool from_host, HostOf host_of) {
+        m.storage = st;
+        m.rows = rows;
+        m.cols = cols;
+        const int64_t per = rows * cols;
+        const auto host_matrix = [&](int64_t e) {
+            const Tensor* t = host_of(e);
+            CPFILL_CHECK(t && t->numel() == per, "weight {}: {} values on the host, expected {}",
+                         name, t ? t->numel() : 0, per);
+            return t->f32();
+        };
+        if (st == GpuStorage::Bf16) {
+            if (from_host) {
+                std::vector<float> all(count * per);
+                for (int64_t e = 0; e < count; ++e)
+                    std::copy(host_matrix(e), host_matrix(e) + per, all.begin() + e * per);
+                m.data = upload_bf16(all.data(), all.size());
+            } else {
+                m.data = DeviceBuffer(count * per * 2);
+                random(m.data.as<void>(), true, count * per, name, init, 0);
+            }
+            g_->bytes += m.data.bytes();
+            return;
+        }
+        CPFILL_CHECK(is_fp8(st), "weight {}: a matrix is bf16 or fp8", name);
+        const int64_t spm = m.scales_per_matrix();
+        m.data = DeviceBuffer(count * per);
+        m.scale = DeviceBuffer(count * spm * 4);
+        DeviceBuffer staging(per * 4);
+        if (!counter_) {
+            CPFILL_CUDA_CHECK(cudaMalloc(&counter_, sizeof(unsigned long long)));
+            CPFILL_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(unsigned long long)));
+        }
+        for (int64_t e = 0; e < count; ++e) {
+            if (from_host)
+                CPFILL_CUDA_CHECK(cudaMemcpy(staging.as<void>(), host_matrix(e), per * 4,
+                                             cudaMemcpyHostToDevice));
+            else
+                random(staging.as<void>(), false, per, name, init, e * per);
+            ops::cuda::quantize_weight_fp8(
+                staging.as<float>(), rows, cols, m.blocks(), m.data.as<uint8_t>() + e * per,
+                m.scale.as<float>() + e * spm, from_host ? counter_ : nullptr, nullptr);
+        }
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before the staging buffer is freed
+        if (from_host) g_->fp8_values += static_cast<uint64_t>(count * per);
+        g_->bytes += m.data.bytes() + m.scale.bytes();
+    }
+    // Adds the inexact values of the matrices quantised so far to the weights' count.
+    void finish() {
+        g_->fp8_inexact += inexact();
+        set_inexact(0);
+    }
     uint64_t seed() const { return seed_; }
-    size_t* bytes() const { return bytes_; }
+    size_t* bytes() const { return &g_->bytes; }
 
   private:
+    unsigned long long inexact() const {
+        unsigned long long n = 0;
+        if (counter_)
+            CPFILL_CUDA_CHECK(cudaMemcpy(&n, counter_, sizeof(n), cudaMemcpyDeviceToHost));
+        return n;
+    }
+    void set_inexact(unsigned long long n) {
+        if (counter_)
+            CPFILL_CUDA_CHECK(cudaMemcpy(counter_, &n, sizeof(n), cudaMemcpyHostToDevice));
+    }
+    void random(void* dst, bool bf16, int64_t n, const std::string& name, WeightInit init,
+                int64_t offset) {
+        if (n == 0) return;
+        const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 8192));
+        fill_kernel<<<blocks, 256>>>(dst, bf16, n, mix(seed_, name_hash(name)),
+                                     static_cast<float>(init.mean),
+                                     static_cast<float>(init.std * std::sqrt(3.0)), offset);
+        CPFILL_CUDA_CHECK(cudaGetLastError());
+    }
     uint64_t seed_;
-    size_t* bytes_;
+    GpuWeights* g_;
+    unsigned long long* counter_ = nullptr;
 };
 
 const Tensor* opt(const Tensor* t) { return t && t->defined() ? t : nullptr; }
-
-// Concatenates per-expert host slices into one device buffer.
-void upload_experts(DeviceBuffer& dst, const std::vector<Tensor>& parts, int64_t per,
-                    size_t* bytes) {
-    std::vector<float> all(parts.size() * per);
-    for (size_t e = 0; e < parts.size(); ++e) {
-        CPFILL_CHECK(parts[e].numel() == per, "expert {}: {} values, expected {}", e,
-                     parts[e].numel(), per);
-        std::copy(parts[e].f32(), parts[e].f32() + per, all.begin() + e * per);
-    }
-    dst = upload_bf16(all.data(), all.size());
-    *bytes += dst.bytes();
-}
 
 // tid2eid [vocab, top_k]: checked and copied from the host, or distinct experts per row at random.
 void build_tid2eid(DeviceBuffer& dst, const ModelConfig& cfg, int li, const Tensor* host,
@@ -228,8 +324,8 @@ void build_tid2eid(DeviceBuffer& dst, const ModelConfig& cfg, int li, const Tens
 
 // Layer `li` from the weight table: every weight of the layer into its slot, from the host
 // weights `h` (a rank's, as load_rank_weights makes them) or at random when h is null. The routed
-// experts' slices go into one buffer per matrix: w13 [E, 2 · width, d_model], w2 [E, d_model,
-// width].
+// experts' slices go into one matrix buffer per layer: w13 [E][2 · width, d_model], w2 [E][d_model,
+// width]; the shared expert's w1 and w3 into one [2 · width, d_model].
 void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h) {
     const ModelConfig& cfg = gw.cfg;
     GpuLayer& g = gw.layers[li];
@@ -240,29 +336,37 @@ void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h) {
         const Tensor* host = h ? opt(tensor_slot(*h, spec)) : nullptr;
         if (spec.slot == WeightSlot::Tid2eid) {
             build_tid2eid(g.tid2eid, cfg, li, host, b.seed(), b.bytes());
-        } else if (spec.shard == CpShard::Replicated) {
-            CPFILL_CHECK(!h || host, "upload: weight {} is missing from the host weights",
-                         spec.name);
-            b(gpu_slot(g, spec), spec, cfg, gw.slice, host);
-        } else if (spec.slot == WeightSlot::W3) {
-            continue;                  // uploaded with w1: [w1; w3]
-        } else if (spec.expert < 0) {  // the shared expert: [w1; w3] and w2
-            const int64_t n = (spec.slot == WeightSlot::W1 ? 2 : 1) * width * D;
-            b.fill(gpu_slot(g, spec), DType::BF16, n, spec.name, host, spec.init);
-        } else if (spec.expert == 0) {  // all routed experts at once
-            const bool w13 = spec.slot == WeightSlot::W1;
-            DeviceBuffer& dst = w13 ? g.w13 : g.w2;
-            const int64_t per = (w13 ? 2 : 1) * width * D;
-            if (h)
-                upload_experts(dst, w13 ? h->moe.w13 : h->moe.w2, per, b.bytes());
-            else
-                b.fill(dst, DType::BF16, E * per, spec.name, nullptr, spec.init);
+            continue;
         }
+        if (spec.slot == WeightSlot::W3 || spec.expert > 0) continue;  // with w1 / expert 0
+        const GpuStorage st = gpu_storage(spec, cfg, gw.slice, gw.format);
+        const bool w13 = spec.slot == WeightSlot::W1;
+        if (spec.expert == 0) {  // all routed experts at once
+            const std::vector<Tensor>* parts = h ? (w13 ? &h->moe.w13 : &h->moe.w2) : nullptr;
+            CPFILL_CHECK(!parts || static_cast<int64_t>(parts->size()) == E,
+                         "upload: layer {} has {} routed experts on the host, expected {}", li,
+                         parts ? parts->size() : 0, E);
+            b.matrix(w13 ? g.w13 : g.w2, st, E, w13 ? 2 * width : D, w13 ? D : width, spec.name,
+                     spec.init, h != nullptr, [&](int64_t e) { return &(*parts)[e]; });
+            continue;
+        }
+        CPFILL_CHECK(!h || host, "upload: weight {} is missing from the host weights", spec.name);
+        if (GpuMatrix* m = gpu_matrix(g, spec)) {
+            const bool shared = spec.shard != CpShard::Replicated;  // the shared expert
+            const int64_t rows = shared ? (w13 ? 2 * width : D) : spec.shape[0];
+            const int64_t cols = shared ? (w13 ? D : width) : spec.shape[1];
+            b.matrix(*m, st, 1, rows, cols, spec.name, spec.init, host != nullptr,
+                     [&](int64_t) { return host; });
+            continue;
+        }
+        b(gpu_slot(g, spec), spec, cfg, gw.slice, host);
     }
+    b.finish();
 }
 
 // The checks, the top-level tensors and the RoPE tables; `layers` sized but empty.
-GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice, ModelWeights* host) {
+GpuWeights build_top(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format,
+                     uint64_t seed, ModelWeights* host) {
     CPFILL_CHECK(cfg.rope_main.attention_factor == 1.0 && cfg.rope_compress.attention_factor == 1.0,
                  "the CUDA backend needs RoPE attention_factor 1.0 (DeepSeek-V4 forces it); found "
                  "{} / {}",
@@ -272,7 +376,9 @@ GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice, Mode
     GpuWeights g;
     g.cfg = cfg;
     g.slice = slice;
+    g.format = format;
     g.width = slice_width(cfg.moe_dim, slice);
+    Builder b(seed, &g);
     for (const WeightSpec& spec : weight_specs(cfg)) {
         if (spec.layer >= 0) continue;
         const Tensor* t = host ? opt(tensor_slot(*host, spec)) : nullptr;
@@ -282,18 +388,29 @@ GpuWeights build_top(Builder& b, const ModelConfig& cfg, ExpertSlice slice, Mode
     const ops::RopeTable main(cfg.rope_main, cfg.rope_dim), comp(cfg.rope_compress, cfg.rope_dim);
     g.inv_freq_main = upload_f32(main.inv_freq().data(), main.inv_freq().size());
     g.inv_freq_compress = upload_f32(comp.inv_freq().data(), comp.inv_freq().size());
-    *b.bytes() += g.inv_freq_main.bytes() + g.inv_freq_compress.bytes();
+    g.bytes += g.inv_freq_main.bytes() + g.inv_freq_compress.bytes();
     g.layers.resize(cfg.n_layers);
     return g;
 }
 
 }  // namespace
 
-GpuWeights upload_top(const ModelWeights& host) {
-    size_t bytes = 0;
-    Builder b(0, &bytes);
-    GpuWeights g = build_top(b, host.cfg, host.slice, const_cast<ModelWeights*>(&host));
-    g.bytes = bytes;
+bool GpuWeights::dense_fp8() const {
+    for (const GpuLayer& l : layers)
+        for (const GpuMatrix* m :
+             {&l.wq_a, &l.wq_b, &l.wkv, &l.wo_a, &l.wo_b, &l.idx_wq_b, &l.shared_w13, &l.shared_w2})
+            if (m->fp8()) return true;
+    return false;
+}
+
+bool GpuWeights::experts_fp8() const {
+    for (const GpuLayer& l : layers)
+        if (l.w13.fp8()) return true;
+    return false;
+}
+
+GpuWeights upload_top(const ModelWeights& host, GpuWeightFormat format) {
+    GpuWeights g = build_top(host.cfg, host.slice, format, 0, const_cast<ModelWeights*>(&host));
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
 }
@@ -305,23 +422,22 @@ void upload_layer(GpuWeights& g, int li, const LayerWeights& host) {
                  "upload_layer: the host weights given for layer {} are not that layer's (empty, "
                  "or another layer's)",
                  li);
-    Builder b(0, &g.bytes);
+    Builder b(0, &g);
     build_layer(b, g, li, const_cast<LayerWeights*>(&host));  // tensor_slot only looks
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-GpuWeights upload_weights(const ModelWeights& host) {
-    GpuWeights g = upload_top(host);
+GpuWeights upload_weights(const ModelWeights& host, GpuWeightFormat format) {
+    GpuWeights g = upload_top(host, format);
     for (int li = 0; li < host.cfg.n_layers; ++li) upload_layer(g, li, host.layers[li]);
     return g;
 }
 
-GpuWeights random_weights(const ModelConfig& cfg, ExpertSlice slice, uint64_t seed) {
-    size_t bytes = 0;
-    Builder b(seed, &bytes);
-    GpuWeights g = build_top(b, cfg, slice, nullptr);
+GpuWeights random_weights(const ModelConfig& cfg, ExpertSlice slice, uint64_t seed,
+                          GpuWeightFormat format) {
+    GpuWeights g = build_top(cfg, slice, format, seed, nullptr);
+    Builder b(seed, &g);
     for (int li = 0; li < cfg.n_layers; ++li) build_layer(b, g, li, nullptr);
-    g.bytes = bytes;
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
 }

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/fp8.h"
+#include "ops/cuda/fp8_device.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -27,19 +28,9 @@ __device__ float pow2_scale(float amax) {
     return p;
 }
 
-__device__ uint8_t to_e4m3(float v) {
-    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-
-__device__ float from_e4m3(uint8_t q) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), __NV_E4M3);
-    return __half2float(__half(h));
-}
-
-__device__ float warp_max(float v) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+using fp8_device::from_e4m3;
+using fp8_device::to_e4m3;
+using fp8_device::warp_max;
 
 // One block of 256 threads per 128×128 tile (blockIdx.x: column tile, blockIdx.y: row tile).
 __global__ void quant_tile_kernel(const float* w, int64_t rows, int64_t cols, uint8_t* q,
@@ -100,25 +91,20 @@ __global__ void quant_row_kernel(const float* w, int64_t rows, int64_t cols, uin
 }
 
 // One warp per (token, 128 channels).
-__global__ void quant_act_kernel(const bf16* x, int64_t ldx, int64_t n, int64_t K, uint8_t* q,
-                                 float* scale) {
+__global__ void quant_act_kernel(const bf16* x, int64_t ldx, int64_t n, int64_t n_pad, int64_t K,
+                                 uint8_t* q, float* scale) {
     const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     const int64_t kb_n = K / 128;
-    if (warp >= n * kb_n) return;
+    if (warp >= n_pad * kb_n) return;
     const int64_t t = warp / kb_n, kb = warp % kb_n;
-    const bf16* src = x + t * ldx + kb * 128 + lane * 4;
-    float v[4], amax = 0.0f;
-    for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j] = __bfloat162float(src[j])));
-    amax = warp_max(amax);
-    const float s = amax > 0.0f ? amax / kFp8Max : 1.0f;
-    uchar4 out;
-    out.x = to_e4m3(v[0] / s);
-    out.y = to_e4m3(v[1] / s);
-    out.z = to_e4m3(v[2] / s);
-    out.w = to_e4m3(v[3] / s);
-    *reinterpret_cast<uchar4*>(q + t * K + kb * 128 + lane * 4) = out;
-    if (lane == 0) scale[kb * n + t] = s;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (t < n) {
+        const bf16* src = x + t * ldx + kb * 128 + lane * 4;
+        for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(src[j]);
+    }
+    const float s = fp8_device::quantize_block128(v, q + t * K + kb * 128 + lane * 4);
+    if (lane == 0) scale[kb * n_pad + t] = s;
 }
 
 __global__ void dequant_kernel(const uint8_t* q, const float* scale, int64_t rows, int64_t cols,
@@ -138,10 +124,9 @@ int blocks_for(int64_t threads) {
 }  // namespace
 
 int64_t fp8_weight_scales(int64_t rows, int64_t cols, Fp8Blocks blocks) {
-    if (blocks == Fp8Blocks::Tile128)
-        return ceil_div(rows, 128) * (ceil_div(ceil_div(cols, 128), 4) * 4);
-    CPFILL_CHECK(cols % 128 == 0, "fp8 row blocks: {} columns is not a multiple of 128", cols);
-    return rows * (cols / 128);
+    CPFILL_CHECK(blocks == Fp8Blocks::Tile128 || cols % 128 == 0,
+                 "fp8 row blocks: {} columns is not a multiple of 128", cols);
+    return fp8_scale_count(rows, cols, blocks);
 }
 
 void quantize_weight_fp8(const float* w, int64_t rows, int64_t cols, Fp8Blocks blocks, void* q,
@@ -165,12 +150,14 @@ void quantize_weight_fp8(const float* w, int64_t rows, int64_t cols, Fp8Blocks b
 }
 
 void quantize_act_fp8(const bf16* x, int64_t ldx, int64_t n, int64_t K, void* q, float* scale,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, int64_t n_pad) {
     CPFILL_CHECK(K % 128 == 0 && ldx >= K,
                  "quantize_act_fp8: K {} (ldx {}) must be a multiple of 128", K, ldx);
-    if (n == 0) return;
-    quant_act_kernel<<<blocks_for(n * (K / 128) * 32), 256, 0, stream>>>(
-        x, ldx, n, K, static_cast<uint8_t*>(q), scale);
+    if (n_pad < 0) n_pad = n;
+    CPFILL_CHECK(n_pad >= n, "quantize_act_fp8: {} rows padded to {}", n, n_pad);
+    if (n_pad == 0) return;
+    quant_act_kernel<<<blocks_for(n_pad * (K / 128) * 32), 256, 0, stream>>>(
+        x, ldx, n, n_pad, K, static_cast<uint8_t*>(q), scale);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -17,8 +17,8 @@ namespace cpfill::ops::cuda {
 
 constexpr float kFp8Max = 448.0f;  // largest finite e4m3
 
-// fp32 scales of a [rows, cols] weight: Tile128 [ceil(rows/128)][round_up(ceil(cols/128), 4)]
-// (the padding columns hold 1), Row128 [cols/128][rows] (cols a multiple of 128).
+// fp32 scales of a [rows, cols] weight (ops/fp8_blocks.h; Row128 checks that cols is a multiple
+// of 128).
 int64_t fp8_weight_scales(int64_t rows, int64_t cols, Fp8Blocks blocks);
 
 // w f32 [rows, cols] (device) → q e4m3 [rows, cols] and scale (fp8_weight_scales floats), each
@@ -27,10 +27,11 @@ int64_t fp8_weight_scales(int64_t rows, int64_t cols, Fp8Blocks blocks);
 void quantize_weight_fp8(const float* w, int64_t rows, int64_t cols, Fp8Blocks blocks, void* q,
                          float* scale, unsigned long long* inexact, cudaStream_t stream);
 
-// x bf16 [n, K] (row stride ldx) → q e4m3 [n, K] dense and scale [K/128][n] (token fastest), one
-// scale amax / 448 per token and 128 channels (1 where all are 0). K a multiple of 128.
+// x bf16 [n, K] (row stride ldx) → q e4m3 [n_pad, K] dense and scale [K/128][n_pad] (token
+// fastest), one scale amax / 448 per token and 128 channels (1 where all are 0); rows n … n_pad − 1
+// are zeros with scale 1 (padding to the GEMM's multiple of 4). K a multiple of 128.
 void quantize_act_fp8(const __nv_bfloat16* x, int64_t ldx, int64_t n, int64_t K, void* q,
-                      float* scale, cudaStream_t stream);
+                      float* scale, cudaStream_t stream, int64_t n_pad = -1);
 
 // The reverse of quantize_weight_fp8: out f32 [rows, cols] = q · scale (tests, and a bf16
 // fallback).

@@ -154,8 +154,9 @@ void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t 
 }
 
 void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n, int64_t in,
-              const void* w, const float* w_scale, Fp8Blocks blocks, int64_t out, __nv_bfloat16* y,
-              int64_t ldy, cudaStream_t stream) {
+              const void* w, const float* w_scale, Fp8Blocks blocks, int64_t out,
+              __nv_bfloat16* y_bf16, float* y_f32, int64_t ldy, cudaStream_t stream) {
+    CPFILL_CHECK((y_bf16 == nullptr) != (y_f32 == nullptr), "gemm_fp8: give one output");
     CPFILL_CHECK(in % 128 == 0, "gemm_fp8: in {} is not a multiple of 128 (the scale blocks)", in);
     CPFILL_CHECK(ldy >= out, "gemm_fp8: output stride {} below width {}", ldy, out);
     CPFILL_CHECK(x_scale && w_scale, "gemm_fp8: both scales are needed");
@@ -166,7 +167,8 @@ void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n,
                  "(pad the rows: the activation scales' rows must be 16-byte aligned)",
                  n);
     if (n == 0 || out == 0) return;
-    gemm_impl(ctx, xq, in, n, in, w, out, y, false, ldy, false,
+    void* y = y_bf16 ? static_cast<void*>(y_bf16) : static_cast<void*>(y_f32);
+    gemm_impl(ctx, xq, in, n, in, w, out, y, y_f32 != nullptr, ldy, false,
               blocks == Fp8Blocks::Tile128 ? kFp8Tile : kFp8Row, stream, w_scale, x_scale);
 }
 

@@ -10,6 +10,8 @@
 #include <map>
 #include <tuple>
 
+#include "ops/fp8_blocks.h"
+
 namespace cpfill::ops::cuda {
 
 // One per device and stream user; owns the cuBLASLt handle and a workspace.
@@ -52,18 +54,16 @@ void gemm_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t ldx, int64_t n,
 void gemm_f32(GemmContext& ctx, const float* x, int64_t ldx, int64_t n, int64_t in, const float* w,
               int64_t out, float* y, int64_t ldy, cudaStream_t stream);
 
-// How an fp8 weight [out, in] is scaled (docs/fp8.md): one fp32 scale per 128×128 tile (the dense
-// linears as the release ships them: scales [ceil(out/128)][round_up(in/128, 4)]), or one per row
-// and 128 columns (the experts: scales [in/128][out], out fastest).
-enum class Fp8Blocks { Tile128, Row128 };
+using ops::Fp8Blocks;  // ops/fp8_blocks.h: how an fp8 weight is scaled
 
-// y[n, out] (bf16, row stride ldy) = x·wᵀ from e4m3 inputs: xq [n, in] dense with one fp32 scale
-// per token and 128 channels (x_scale [in/128][n], token fastest: quantize_act_fp8), w [out, in]
-// e4m3 with w_scale as `blocks` says. in must be a multiple of 128. cuBLASLt's block-scaled path
-// (sm_90, cuBLAS 12.9 or later); an error names the shape when it has no algorithm.
+// y[n, out] (bf16 y_bf16 or fp32 y_f32: exactly one non-null; row stride ldy) = x·wᵀ from e4m3
+// inputs: xq [n, in] dense with one fp32 scale per token and 128 channels (x_scale [in/128][n],
+// token fastest: quantize_act_fp8), w [out, in] e4m3 with w_scale as `blocks` says. in must be a
+// multiple of 128. cuBLASLt's block-scaled path (sm_90, cuBLAS 12.9 or later); an error names the
+// shape when it has no algorithm.
 void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n, int64_t in,
-              const void* w, const float* w_scale, Fp8Blocks blocks, int64_t out, __nv_bfloat16* y,
-              int64_t ldy, cudaStream_t stream);
+              const void* w, const float* w_scale, Fp8Blocks blocks, int64_t out,
+              __nv_bfloat16* y_bf16, float* y_f32, int64_t ldy, cudaStream_t stream);
 
 // gemm_bf16 with dense rows (ldx = in, ldy = out).
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,

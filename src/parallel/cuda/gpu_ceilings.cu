@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "ops/cuda/fp8.h"
 #include "ops/cuda/gemm.h"
 #include "parallel/gpu_prefill.h"
 #include "runtime/cuda/buffer.h"
@@ -44,6 +45,12 @@ __global__ void fill_bf16(__nv_bfloat16* x, int64_t n) {
         x[i] = __float2bfloat16(static_cast<float>((i * 2654435761u) % 1024) / 1024.0f - 0.5f);
 }
 
+__global__ void fill_f32(float* x, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+         i += int64_t{gridDim.x} * blockDim.x)
+        x[i] = static_cast<float>((i * 2654435761u) % 1024) / 1024.0f - 0.5f;
+}
+
 }  // namespace
 
 GpuCeilings measure_gpu_ceilings() {
@@ -65,6 +72,22 @@ GpuCeilings measure_gpu_ceilings() {
                                    y.as<__nv_bfloat16>(), nullptr, false, s);
         });
         c.gemm_tflops = 2.0 * n * n * n / sec * 1e-12;
+        // fp8 with DeepSeek's blocks (128×128 weight tiles, 1×128 activation groups), the
+        // dense linears' format: the activation is quantised once, outside the timing.
+        cuda::DeviceBuffer wf(n * n * 4), wq(n * n), xq(n * n);
+        cuda::DeviceBuffer ws(ops::cuda::fp8_weight_scales(n, n, ops::Fp8Blocks::Tile128) * 4),
+            xs(n * (n / 128) * 4);
+        fill_f32<<<1024, 256, 0, s>>>(wf.as<float>(), n * n);
+        ops::cuda::quantize_weight_fp8(wf.as<float>(), n, n, ops::Fp8Blocks::Tile128, wq.as<void>(),
+                                       ws.as<float>(), nullptr, s);
+        ops::cuda::quantize_act_fp8(a.as<__nv_bfloat16>(), n, n, n, xq.as<void>(), xs.as<float>(),
+                                    s);
+        const double sec8 = time_median(s, 3, 10, [&] {
+            ops::cuda::gemm_fp8(ctx, xq.as<void>(), xs.as<float>(), n, n, wq.as<void>(),
+                                ws.as<float>(), ops::Fp8Blocks::Tile128, n, y.as<__nv_bfloat16>(),
+                                nullptr, n, s);
+        });
+        c.fp8_gemm_tflops = 2.0 * n * n * n / sec8 * 1e-12;
     }
     {
         const size_t bytes = size_t{1} << 30;

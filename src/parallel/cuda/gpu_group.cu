@@ -9,6 +9,7 @@
 #include "model/weight_bytes.h"
 #include "ops/cuda/gemm.h"
 #include "parallel/cuda/gpu_runner.h"
+#include "parallel/cuda/gpu_workspace.h"
 #include "parallel/gpu_prefill.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/device.h"
@@ -201,9 +202,10 @@ namespace {
 
 // The smallest CP size whose expert slice lets a rank's weights (+ `reserve`) fit into `capacity`
 // bytes, or 0 when none up to 64 does.
-int weights_fitting_cp(const ModelConfig& cfg, size_t capacity, size_t reserve) {
+int weights_fitting_cp(const ModelConfig& cfg, GpuWeightFormat format, size_t capacity,
+                       size_t reserve) {
     for (int c = 1; c <= std::min(64, cfg.moe_dim); ++c)
-        if (gpu_weight_bytes(cfg, c) + reserve <= capacity) return c;
+        if (gpu_weight_bytes(cfg, c, format) + reserve <= capacity) return c;
     return 0;
 }
 
@@ -232,19 +234,20 @@ void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
         // All of the model's weights must fit, checked before the first layer is read (with the
         // 512 MiB that run() keeps for cuBLAS, NCCL and CUB).
         const size_t reserve = size_t{512} << 20;
-        const size_t need = gpu_rank_weight_bytes(w.cfg, w.slice);
+        const GpuWeightFormat format = g.opt.weights;
+        const size_t need = gpu_rank_weight_bytes(w.cfg, w.slice, format);
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
         if (need + reserve > free_b) {
-            const int fit = weights_fitting_cp(w.cfg, free_b, reserve);
+            const int fit = weights_fitting_cp(w.cfg, format, free_b, reserve);
             CPFILL_FAIL(
-                "out of GPU memory: the bf16 weights of rank {} of --cp {} need {:.2f} GB "
+                "out of GPU memory: the {} weights of rank {} of --cp {} need {:.2f} GB "
                 "(+0.5 GB reserve) but GPU {} has {:.2f} GB free; {}",
-                r.rank, r.cp, need * 1e-9, r.device, free_b * 1e-9,
+                gpu_weight_format_name(format), r.rank, r.cp, need * 1e-9, r.device, free_b * 1e-9,
                 fit > r.cp ? fmt::format("--cp {} would fit the weights", fit)
                            : std::string("no --cp up to 64 fits the weights"));
         }
-        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_top(w));
+        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_top(w, format));
         r.alloc_host_counts(w.cfg.n_experts);
     });
 }
@@ -262,6 +265,17 @@ void GpuGroup::load_layer(int layer, const std::vector<const ModelWeights*>& ran
     });
 }
 
+GpuGroup::WeightStats GpuGroup::weight_stats() const {
+    WeightStats s;
+    for (const auto& r : impl_->ranks) {
+        if (!r->weights) continue;
+        s.bytes = std::max(s.bytes, r->weights->bytes);
+        s.fp8_values += r->weights->fp8_values;
+        s.fp8_inexact += r->weights->fp8_inexact;
+    }
+    return s;
+}
+
 void GpuGroup::load(const std::vector<const ModelWeights*>& rank_weights) {
     load_top(rank_weights);
     for (int li = 0; li < rank_weights[0]->cfg.n_layers; ++li) load_layer(li, rank_weights);
@@ -274,7 +288,7 @@ void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
         r.weights.reset();
         r.arena.reset();
         r.weights = std::make_unique<cuda::GpuWeights>(
-            cuda::random_weights(cfg, ExpertSlice{r.rank, r.cp}, seed));
+            cuda::random_weights(cfg, ExpertSlice{r.rank, r.cp}, seed, g.opt.weights));
         r.alloc_host_counts(cfg.n_experts);
     });
 }
@@ -282,14 +296,17 @@ void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
 namespace {
 
 // The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU.
-int fitting_cp(const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& requests,
-               const GpuRunOptions& opt, size_t capacity) {
+int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
+               const std::vector<std::vector<int32_t>>& requests, const GpuRunOptions& opt,
+               size_t capacity) {
     for (int c = 1; c <= 64; ++c) {
         if (cfg.moe_dim < c) break;
         const cuda::RunPlan p = cuda::make_run_plan(requests, cfg, c, opt.tbo);
         const ExpertSlice widest = widest_slice(cfg.moe_dim, c);
         const int64_t width = slice_width(cfg.moe_dim, widest);
-        if (cuda::workspace_bytes(cfg, p, c, width, opt) + gpu_rank_weight_bytes(cfg, widest) <=
+        const cuda::WeightNeeds needs = cuda::needs_of(cfg, widest, format);
+        if (cuda::workspace_bytes(cfg, p, c, width, opt, needs) +
+                gpu_rank_weight_bytes(cfg, widest, format) <=
             capacity)
             return c;
     }
@@ -313,7 +330,8 @@ size_t memory_capacity(GpuGroup::Impl& g) {
 std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const cuda::RunPlan& plan,
                              const GpuRunOptions& opt) {
     for (auto& r : g.ranks) {
-        const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, r->weights->width, opt);
+        const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, r->weights->width, opt,
+                                                  cuda::needs_of(*r->weights));
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
         CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -354,7 +372,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
         }
     }
     if (!short_of.empty()) {
-        const int fit = fitting_cp(cfg, requests, opt, memory_capacity(g));
+        const int fit = fitting_cp(cfg, g.opt.weights, requests, opt, memory_capacity(g));
         CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}: {}; {}", plan.batch.n_tokens(), C,
                     short_of,
                     fit > C ? fmt::format("--cp {} would fit", fit)
@@ -393,7 +411,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
 }
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
-                              bool tbo, bool all_logits) {
+                              bool tbo, bool all_logits, GpuWeightFormat format) {
     CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",
                  n_tokens, n_requests);
     std::vector<std::vector<int32_t>> reqs(n_requests);
@@ -406,8 +424,9 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
     const ExpertSlice widest = widest_slice(cfg.moe_dim, cp);
     const int64_t width = slice_width(cfg.moe_dim, widest);
     GpuMemoryPlan p;
-    p.weights = gpu_rank_weight_bytes(cfg, widest);
-    p.workspace = cuda::workspace_bytes(cfg, plan, cp, width, opt);
+    p.weights = gpu_rank_weight_bytes(cfg, widest, format);
+    p.workspace =
+        cuda::workspace_bytes(cfg, plan, cp, width, opt, cuda::needs_of(cfg, widest, format));
     return p;
 }
 

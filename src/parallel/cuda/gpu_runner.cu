@@ -126,7 +126,8 @@ class Runner {
 
 void Runner::setup() {
     const int C = dev_.cp, r = dev_.rank;
-    const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_);
+    const WeightNeeds needs = needs_of(W_);
+    const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_, needs);
     if (!dev_.arena || dev_.arena->capacity() < need) {
         dev_.arena.reset();
         dev_.arena = std::make_unique<Arena>(need);
@@ -134,7 +135,8 @@ void Runner::setup() {
         CPFILL_CUDA_CHECK(cudaMemsetAsync(dev_.arena->base(), 0, need, dev_.compute));
     }
     dev_.arena->reset();
-    carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_);
+    carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_, needs);
+    ctx_.fp8 = needs.dense_fp8 ? &ws_.fp8 : nullptr;
     const cudaStream_t st = dev_.compute;
     const int64_t D = cfg_.d_model;
     for (size_t i = 0; i < plan_.subs.size(); ++i) {

@@ -62,8 +62,9 @@ RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const M
                       int cp, TboMode tbo);
 
 // Device bytes of the workspace a run of `plan` needs on one rank (the arena's size).
+struct WeightNeeds;
 size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-                       const GpuRunOptions& opt);
+                       const GpuRunOptions& opt, const WeightNeeds& needs);
 
 // Runs the plan on this rank (its device current). rank 0 fills `out` (may be null elsewhere);
 // stats are rank 0's.

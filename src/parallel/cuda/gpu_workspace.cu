@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ops/cuda/moe_dispatch.h"
+#include "ops/cuda/moe_fp8.h"
 #include "parallel/cuda/gpu_workspace.h"
 
 namespace cpfill::cuda {
@@ -53,9 +54,21 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 }
 
 // The workspace of one run, carved in one fixed order from an arena (or counted).
+WeightNeeds needs_of(const GpuWeights& w) { return {w.dense_fp8(), w.experts_fp8()}; }
+
+WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format) {
+    WeightNeeds n;
+    if (format == GpuWeightFormat::Bf16) return n;
+    for (const WeightSpec& spec : weight_specs(cfg)) {
+        if (!is_fp8(gpu_storage(spec, cfg, slice, format))) continue;
+        (spec.expert >= 0 ? n.experts_fp8 : n.dense_fp8) = true;
+    }
+    return n;
+}
+
 template <class A>
 void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-           const GpuRunOptions& opt) {
+           const GpuRunOptions& opt, WeightNeeds needs) {
     const Dims d = dims_of(cfg, plan, cp, opt);
     const int64_t D = cfg.d_model, hc = cfg.hc, Hd = int64_t{cfg.n_heads} * cfg.head_dim;
     const int64_t K = cfg.top_k, E = cfg.n_experts;
@@ -109,12 +122,38 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     s.win_pos_csa = a.template take<int64_t>(d.max_len / cfg.csa_ratio + 1);
     s.win_pos_hca = a.template take<int64_t>(d.max_len / cfg.hca_ratio + 1);
     GpuMoeScratch& m = w.moe;
+    const int64_t R = needs.experts_fp8 ? oc::max_padded_rows(P * K, static_cast<int>(E)) : P * K;
     m.inv = a.template take<int32_t>(P * K);
-    m.xp = a.template take<bf16>(P * K * D);
-    m.sp = a.template take<float>(P * K);
-    m.gu = a.template take<bf16>(P * K * 2 * width);
-    m.act = a.template take<bf16>(P * K * width);
-    m.op = a.template take<bf16>(P * K * D);
+    m.sp = a.template take<float>(R);
+    m.gu = a.template take<bf16>(R * 2 * width);
+    m.op = a.template take<bf16>(R * D);
+    if (needs.experts_fp8) {
+        m.xq = a.template take<uint8_t>(R * D);
+        m.xs = a.template take<float>(R * D / 128);
+        m.aq = a.template take<uint8_t>(R * width);
+        m.as = a.template take<float>(R * width / 128);
+        m.first = a.template take<int32_t>(E + 1);
+        m.pfirst = a.template take<int32_t>(E + 1);
+    } else {
+        m.xp = a.template take<bf16>(R * D);
+        m.act = a.template take<bf16>(R * width);
+    }
+    if (needs.dense_fp8) {
+        // The largest activation an fp8 linear quantises: local rows into the attention
+        // projections, or all rows into the shared expert.
+        const int64_t g = cfg.o_groups,
+                      in_local = std::max({D, int64_t{cfg.q_rank}, Hd / g, g * cfg.o_rank});
+        oc::Fp8LinearScratch& f = w.fp8;
+        f.capacity = std::max(n * in_local, P * std::max(D, width));
+        f.cols = std::max(in_local, width);
+        f.out = std::max({int64_t{cfg.q_rank}, Hd, int64_t{cfg.head_dim}, int64_t{cfg.o_rank}, D,
+                          int64_t{cfg.index_n_heads} * cfg.index_head_dim, 2 * width});
+        f.q = a.template take<uint8_t>(f.capacity);
+        f.scale = a.template take<float>(f.capacity / 128 + 1);
+        f.tail_q = a.template take<uint8_t>(4 * f.cols);
+        f.tail_scale = a.template take<float>(4 * f.cols / 128 + 1);
+        f.tail_y = a.template take<float>(4 * f.out);
+    }
     m.gu_shared = a.template take<bf16>(P * 2 * width);
     m.act_shared = a.template take<bf16>(P * width);
     m.acc = a.template take<float>(P * D);
@@ -141,15 +180,15 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
 }
 
 template void carve<Arena>(Arena&, Workspace&, const ModelConfig&, const RunPlan&, int, int64_t,
-                           const GpuRunOptions&);
+                           const GpuRunOptions&, WeightNeeds);
 template void carve<CountingArena>(CountingArena&, Workspace&, const ModelConfig&, const RunPlan&,
-                                   int, int64_t, const GpuRunOptions&);
+                                   int, int64_t, const GpuRunOptions&, WeightNeeds);
 
 size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-                       const GpuRunOptions& opt) {
+                       const GpuRunOptions& opt, const WeightNeeds& needs) {
     CountingArena a;
     Workspace w;
-    carve(a, w, cfg, plan, cp, width, opt);
+    carve(a, w, cfg, plan, cp, width, opt, needs);
     return a.used;
 }
 

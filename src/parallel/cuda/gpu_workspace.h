@@ -54,6 +54,15 @@ struct Dims {
 int64_t max_packed_width(const ModelConfig& cfg);
 Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOptions& opt);
 
+// What the weights ask of the workspace: the activation scratch of fp8 linears (dense_fp8), the
+// padded fp8 rows of the routed experts (experts_fp8).
+struct WeightNeeds {
+    bool dense_fp8 = false, experts_fp8 = false;
+};
+WeightNeeds needs_of(const GpuWeights& w);
+// The same before the weights exist (the memory plan), from the weight table.
+WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format);
+
 struct Workspace {
     std::vector<SubState> subs;
     bf16* x = nullptr;           // [n_max, d_model]
@@ -64,6 +73,7 @@ struct Workspace {
     bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the batch, global order
     GpuAttnScratch attn;
     GpuMoeScratch moe;
+    ops::cuda::Fp8LinearScratch fp8;  // dense fp8 linears (WeightNeeds::dense_fp8)
     GpuKvStore kv;
     bf16* z = nullptr;         // [n_max, d_model]
     bf16* zw = nullptr;        // [n_wanted, d_model]
@@ -75,6 +85,6 @@ struct Workspace {
 // Carves w from `a` (an Arena, or a CountingArena to size it).
 template <class A>
 void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-           const GpuRunOptions& opt);
+           const GpuRunOptions& opt, WeightNeeds needs);
 
 }  // namespace cpfill::cuda

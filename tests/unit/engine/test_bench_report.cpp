@@ -210,7 +210,7 @@ BenchReport sample_report() {
     r.repeat = 3;
     r.warmup = 1;
     r.seed = 7;
-    r.ceilings = BenchCeilings{790, 4200, 260, 2};
+    r.ceilings = BenchCeilings{790, 0, 4200, 260, 2};
     r.rows.push_back(raw_row(1, "off", 8192, {0.3, 0.1, 0.2}));
     r.rows.back().layer_seconds = {0.01, 0.03, 0.05, 0.04};  // sliding, sliding, CSA, HCA
     r.rows.back().phases = {0.05, 0.01, 0.01, 0.1, 0, 0.03};
@@ -340,7 +340,7 @@ TEST(BenchReportJson, RejectsWhatIsNotAReport) {
 TEST(BenchReportMarkdown, RowsReasonsAndProjectionLabel) {
     const std::string md = report_markdown(sample_report());
     EXPECT_NE(md.find("skipped: needs 4 GPUs, 2 visible"), std::string::npos) << md;
-    EXPECT_NE(md.find("| 2 | off | 8k |"), std::string::npos) << md;
+    EXPECT_NE(md.find("| 2 | off | bf16 | 8k |"), std::string::npos) << md;
     EXPECT_NE(md.find("1.74×"), std::string::npos) << md;   // 0.2 / 0.115
     EXPECT_NE(md.find("+15.0%"), std::string::npos) << md;  // exposed
     EXPECT_NE(md.find("not a measurement"), std::string::npos) << md;

@@ -53,5 +53,42 @@ TEST(WeightBytes, WidestSliceAndItsBytes) {
     EXPECT_THROW(gpu_weight_bytes(cfg, 0), Error);
 }
 
+// --weights fp8: the release's fp8 linears as e4m3 + 128×128 tile scales, fp4 experts as e4m3 +
+// (row, 128 columns) scales, where the rank's GEMM input width allows; everything else as before.
+TEST(WeightBytes, Fp8StorageAndItsBytes) {
+    ModelConfig cfg = preset_config("tiny");  // d_model 256, q_rank 128, 8 × 512 heads, moe 128
+    const WeightSpecTable t(cfg);
+    const auto st = [&](const std::string& name, ExpertSlice s = {0, 1}) {
+        return gpu_storage(t.at(name), cfg, s, GpuWeightFormat::Fp8);
+    };
+    EXPECT_EQ(st("layers.1.attn.wq_b.weight"), GpuStorage::Fp8Tile);
+    EXPECT_EQ(st("layers.1.attn.wo_a.weight"), GpuStorage::Fp8Tile);
+    EXPECT_EQ(st("layers.1.ffn.shared_experts.w2.weight"), GpuStorage::Fp8Tile);
+    EXPECT_EQ(st("layers.1.ffn.experts.3.w1.weight"), GpuStorage::Fp8Row);
+    EXPECT_EQ(st("layers.1.attn.compressor.wkv.weight"), GpuStorage::Bf16);  // bf16 in the release
+    EXPECT_EQ(st("layers.1.ffn.gate.weight"), GpuStorage::Bf16);
+    EXPECT_EQ(st("embed.weight"), GpuStorage::Bf16);
+    EXPECT_EQ(st("layers.1.attn_norm.weight"), GpuStorage::F32);
+    // At --cp 2 the experts' slices are 64 wide: not whole 128-blocks, so bf16 (shared and routed).
+    EXPECT_EQ(st("layers.1.ffn.experts.3.w2.weight", {1, 2}), GpuStorage::Bf16);
+    EXPECT_EQ(st("layers.1.ffn.shared_experts.w1.weight", {1, 2}), GpuStorage::Bf16);
+    EXPECT_EQ(gpu_storage(t.at("layers.1.attn.wq_b.weight"), cfg, {0, 1}, GpuWeightFormat::Bf16),
+              GpuStorage::Bf16);
+    // wq_b [4096, 128]: 1 byte per value + 32 row tiles × 4 (1 column tile padded to 4) scales.
+    EXPECT_EQ(gpu_spec_bytes(t.at("layers.1.attn.wq_b.weight"), cfg, {0, 1}, GpuWeightFormat::Fp8),
+              size_t{4096 * 128 + 32 * 4 * 4});
+    // An expert's w1 [128, 256]: 128 rows × 2 column blocks of scales.
+    EXPECT_EQ(
+        gpu_spec_bytes(t.at("layers.1.ffn.experts.3.w1.weight"), cfg, {0, 1}, GpuWeightFormat::Fp8),
+        size_t{128 * 256 + 128 * 2 * 4});
+    EXPECT_LT(gpu_weight_bytes(cfg, 1, GpuWeightFormat::Fp8), gpu_weight_bytes(cfg, 1));
+    cfg.o_rank = 64;  // wo_a's per-group rows are not whole tiles
+    EXPECT_EQ(gpu_storage(WeightSpecTable(cfg).at("layers.1.attn.wo_a.weight"), cfg, {0, 1},
+                          GpuWeightFormat::Fp8),
+              GpuStorage::Bf16);
+    EXPECT_EQ(parse_gpu_weight_format("fp8"), GpuWeightFormat::Fp8);
+    EXPECT_THROW(parse_gpu_weight_format("auto"), Error);
+}
+
 }  // namespace
 }  // namespace cpfill

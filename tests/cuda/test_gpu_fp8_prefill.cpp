@@ -1,0 +1,211 @@
+// The GPU prefill with the release's formats (issue 11, docs/fp8.md): an upstream-format checkpoint
+// with fp8 linears and fp4 routed experts, run on the GPU with --weights auto (fp8 e4m3 with block
+// scales, fp8 activations) and with bf16 weights, both against the CPU backend's fp32 run of the
+// same weights dequantised (the reference: the CPU equals HF float32 on them). The model is tiny
+// with 16 indexer heads (fewer make the indexer's top-k boundary a tie; see the file comment of
+// test_gpu_prefill.cpp for how rows are compared) and widths that are multiples of 128, so that
+// every fp8 path runs: Tile128 dense linears (wo_a per group, the shared expert), Row128 experts
+// with padded rows, and row counts that are not multiples of 4.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <tuple>
+
+#include "../golden/golden_util.h"
+#include "../unit/io/io_test_util.h"
+#include "cuda_test_util.h"
+#include "engine/prefill_engine.h"
+#include "io/checkpoint.h"
+#include "io/presets.h"
+#include "io/random_checkpoint.h"
+#include "model/weight_bytes.h"
+
+namespace cpfill {
+namespace {
+
+ModelConfig fp8_config() {
+    ModelConfig c = preset_config("tiny");
+    c.index_n_heads = 16;
+    return c;
+}
+
+// One upstream fp8 + fp4 checkpoint for the whole file (written once).
+const std::string& checkpoint_dir() {
+    static test::TempDir dir;
+    static const std::string path = [] {
+        RandomCheckpointOptions o;
+        o.seed = 11;
+        o.names = "upstream";
+        o.dtype = "fp8";
+        o.experts = "fp4";
+        o.threads = 2;
+        write_random_checkpoint(fp8_config(), dir.path().string(), o);
+        return dir.path().string();
+    }();
+    return path;
+}
+
+// Two requests (207 and 142 tokens: odd local row counts) of random ids.
+std::vector<std::vector<int32_t>> requests() {
+    std::mt19937_64 rng(5);
+    std::uniform_int_distribution<int32_t> id(0, fp8_config().vocab_size - 1);
+    std::vector<std::vector<int32_t>> r{std::vector<int32_t>(207), std::vector<int32_t>(142)};
+    for (auto& req : r)
+        for (int32_t& t : req) t = id(rng);
+    return r;
+}
+
+RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off) {
+    EngineOptions eo;
+    eo.threads = 2;
+    eo.cuda = device_weights != "cpu";
+    if (eo.cuda) eo.weights = device_weights;
+    PrefillEngine engine(checkpoint_dir(), eo);
+    RunOptions o;
+    o.all_logits = true;
+    o.tbo = tbo;
+    return engine.run(requests(), o);
+}
+
+struct Agreement {
+    double argmax = 0;  // fraction of positions whose argmax equals the reference's
+    testing::RowErrors err;
+};
+
+Agreement compare(const RunResult& got, const RunResult& ref, double tol) {
+    Agreement a;
+    int64_t same = 0, rows = 0;
+    std::vector<float> all_got, all_ref;
+    for (size_t r = 0; r < ref.out.logits.size(); ++r) {
+        const Tensor& g = got.out.logits[r];
+        const Tensor& e = ref.out.logits[r];
+        const int64_t V = e.dim(1);
+        for (int64_t t = 0; t < e.dim(0); ++t, ++rows)
+            same += argmax(g.f32() + t * V, V) == argmax(e.f32() + t * V, V);
+        all_got.insert(all_got.end(), g.f32(), g.f32() + g.numel());
+        all_ref.insert(all_ref.end(), e.f32(), e.f32() + e.numel());
+    }
+    a.argmax = static_cast<double>(same) / static_cast<double>(rows);
+    const int64_t V = ref.out.logits[0].dim(1);
+    a.err =
+        testing::row_errors(Tensor::borrow(DType::F32, {rows, V}, all_got.data(), nullptr),
+                            Tensor::borrow(DType::F32, {rows, V}, all_ref.data(), nullptr), tol);
+    return a;
+}
+
+// Per token row: ‖got − ref‖ / ‖ref‖ of its logits; the quantile q of those over all rows (a
+// median is blind to the few rows whose routing flipped, whose error is O(1)).
+double row_quantile(const RunResult& got, const RunResult& ref, double q) {
+    std::vector<double> e;
+    for (size_t r = 0; r < ref.out.logits.size(); ++r) {
+        const Tensor& g = got.out.logits[r];
+        const Tensor& x = ref.out.logits[r];
+        const int64_t V = x.dim(1);
+        for (int64_t t = 0; t < x.dim(0); ++t) {
+            double num = 0, den = 0;
+            for (int64_t i = t * V; i < (t + 1) * V; ++i) {
+                const double d = double(g.f32()[i]) - x.f32()[i];
+                num += d * d;
+                den += double(x.f32()[i]) * x.f32()[i];
+            }
+            e.push_back(std::sqrt(num / den));
+        }
+    }
+    std::sort(e.begin(), e.end());
+    return e[static_cast<size_t>(q * double(e.size() - 1))];
+}
+
+// ‖got − ref‖ / ‖ref‖ over every logit of every request.
+double overall(const RunResult& got, const RunResult& ref) {
+    double num = 0, den = 0;
+    for (size_t r = 0; r < ref.out.logits.size(); ++r) {
+        const Tensor& g = got.out.logits[r];
+        const Tensor& e = ref.out.logits[r];
+        for (int64_t i = 0; i < e.numel(); ++i) {
+            const double d = double(g.f32()[i]) - e.f32()[i];
+            num += d * d;
+            den += double(e.f32()[i]) * e.f32()[i];
+        }
+    }
+    return std::sqrt(num / den);
+}
+
+TEST(GpuFp8Prefill, AutoMeansFp8ForAnFp8Checkpoint) {
+    const Checkpoint ck(checkpoint_dir());
+    EXPECT_EQ(stored_gpu_format(ck), GpuWeightFormat::Fp8);
+    EXPECT_EQ(resolve_gpu_format("bf16", ck), GpuWeightFormat::Bf16);
+    EXPECT_THROW(resolve_gpu_format("fp16", ck), Error);
+}
+
+// fp8 and bf16 against the CPU's fp32 on the same weights: each within its activation rounding.
+TEST(GpuFp8Prefill, StaysWithinFp8RoundingOfTheCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const RunResult cpu = run("cpu");
+    const RunResult bf16 = run("bf16");
+    const RunResult fp8 = run("auto");
+    const Agreement b = compare(bf16, cpu, 3e-2), f = compare(fp8, cpu, 3e-2);
+    for (const auto& [name, r, a] : {std::tuple{"bf16", &bf16, &b}, std::tuple{"fp8", &fp8, &f}})
+        std::printf(
+            "[ compare ] %s vs cpu: argmax %.4f; row errors median %.3g, p90 %.3g, max %.3g; "
+            "frobenius %.3g\n",
+            name, a->argmax, row_quantile(*r, cpu, 0.5), row_quantile(*r, cpu, 0.9),
+            row_quantile(*r, cpu, 1.0), overall(*r, cpu));
+    // fp8 activations round each value to 3 mantissa bits: ~2.4% rms per GEMM input (bf16: 0.2%),
+    // through ~8 GEMMs per layer, and the indexer's and router's near-ties flip more often.
+    // Measured on this model (H200, docs/fp8.md): argmax agreement 0.854 against bf16's 0.960,
+    // row errors median 6.9% (bf16 0.94%), p90 25.6% (1.7%). The bounds are a few times the
+    // rounding's scale, so that a wrong scale or a lost row (errors of O(1) on every row) fails;
+    // the issue's target (2 points of argmax) is not met and is reported as such.
+    EXPECT_TRUE(f.err.finite);
+    EXPECT_GE(f.argmax, 0.75);
+    EXPECT_LE(row_quantile(fp8, cpu, 0.5), 0.10);
+    EXPECT_LE(row_quantile(bf16, cpu, 0.5), 0.02);
+}
+
+// What the GPU holds is what the table counts (model/weight_bytes.h), and the fp8 linears of the
+// checkpoint re-encode exactly (only fp4 experts may lose values: counted).
+TEST(GpuFp8Prefill, GpuBytesEqualTheTable) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    for (const std::string w : {"bf16", "fp8"}) {
+        EngineOptions eo;
+        eo.threads = 2;
+        eo.cuda = true;
+        eo.weights = w;
+        PrefillEngine engine(checkpoint_dir(), eo);
+        const GpuWeightFormat f = parse_gpu_weight_format(w);
+        const size_t table = gpu_rank_weight_bytes(engine.config(), {0, 1}, f);
+        // fp8: the experts' (row, 128) scales are an upper bound (they may be held in tiles).
+        if (f == GpuWeightFormat::Bf16)
+            EXPECT_EQ(engine.gpu_weight_stats().bytes, table);
+        else
+            EXPECT_LE(engine.gpu_weight_stats().bytes, table);
+        EXPECT_GE(engine.gpu_weight_stats().bytes,
+                  gpu_rank_weight_bytes(engine.config(), {0, 1}, GpuWeightFormat::Fp8) * 9 / 10)
+            << w;
+        if (f == GpuWeightFormat::Fp8) {
+            EXPECT_GT(engine.gpu_weight_stats().fp8_values, 0u);
+            std::printf("[ fp8 ] %llu of %llu values inexact\n",
+                        static_cast<unsigned long long>(engine.gpu_weight_stats().fp8_inexact),
+                        static_cast<unsigned long long>(engine.gpu_weight_stats().fp8_values));
+        }
+    }
+}
+
+TEST(GpuFp8Prefill, TboOnEqualsOff) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const RunResult on = run("fp8", TboMode::On), off = run("fp8", TboMode::Off);
+    ASSERT_TRUE(on.out.tbo_used);
+    const Agreement a = compare(on, off, 2e-2);
+    std::printf("[ compare ] fp8 TBO on vs off: argmax %.4f, %lld of %lld rows over 2e-2, %.3g\n",
+                a.argmax, static_cast<long long>(a.err.outliers),
+                static_cast<long long>(a.err.rows), a.err.frob);
+    EXPECT_LE(a.err.frob, 2e-2);
+    EXPECT_LE(a.err.outliers, a.err.rows / 10);
+    EXPECT_EQ(on.first_tokens, off.first_tokens);
+}
+
+}  // namespace
+}  // namespace cpfill
