@@ -111,7 +111,8 @@ Plan make_plan(const BenchArgs& a) {
         p.tbos.push_back(s);
     }
     for (const std::string& s : split_list(a.weights, "--weights")) {
-        CPFILL_CHECK(s == "bf16" || s == "fp8", "--weights {}: expected bf16 or fp8", s);
+        CPFILL_CHECK(s == "bf16" || s == "fp8" || s == "fp4",
+                     "--weights {}: expected bf16, fp8 or fp4", s);
         p.weights.push_back(s);
     }
     CPFILL_CHECK(a.repeat >= 1, "--repeat {}: expected at least 1", a.repeat);
@@ -275,8 +276,8 @@ Runner add_bench_command(CLI::App& app) {
     c->add_option("--tbo", args->tbo, "two-batch overlap modes: off,on (or auto)")
         ->capture_default_str();
     c->add_option("--weights", args->weights,
-                  "weight formats on the GPUs: bf16,fp8 (fp8: the release's fp8 / fp4 matrices "
-                  "in e4m3 with block scales)")
+                  "weight formats on the GPUs: bf16,fp8,fp4 (fp8: the release's fp8 / fp4 "
+                  "matrices in e4m3 with block scales; fp4: the routed experts in packed fp4)")
         ->capture_default_str();
     c->add_option("--repeat", args->repeat, "timed runs per row (TTFT = their median)")
         ->capture_default_str();

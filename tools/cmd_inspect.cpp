@@ -29,8 +29,10 @@ void print_gpu_weights(const ModelConfig& c, int cp, const char* auto_means) {
     if (std::find(sizes.begin(), sizes.end(), cp) == sizes.end()) sizes.push_back(cp);
     for (int n : sizes) {
         if (n > c.moe_dim) continue;
-        fmt::print("    --cp {}: bf16 {}, fp8 {}\n", n, gib(double(gpu_weight_bytes(c, n))),
-                   gib(double(gpu_weight_bytes(c, n, GpuWeightFormat::Fp8))));
+        fmt::print("    --cp {}: bf16 {}, fp8 {}, fp8 + fp4 experts {}\n", n,
+                   gib(double(gpu_weight_bytes(c, n))),
+                   gib(double(gpu_weight_bytes(c, n, GpuWeightFormat::Fp8))),
+                   gib(double(gpu_weight_bytes(c, n, GpuWeightFormat::Fp4))));
     }
 }
 
@@ -39,7 +41,7 @@ int inspect_preset(const std::string& name, int cp) {
     const ModelConfig c = preset_config(name);
     fmt::print("preset {}: {} layers, d_model {}, {} experts of width {}\n", name, c.n_layers,
                c.d_model, c.n_experts, c.moe_dim);
-    print_gpu_weights(c, cp, "as the checkpoint stores them; fp8 for the release");
+    print_gpu_weights(c, cp, "as the checkpoint stores them; fp8 + fp4 experts for the release");
     return 0;
 }
 

@@ -328,7 +328,8 @@ Runner add_run_command(CLI::App& app) {
                   "cpu, or cuda (one GPU per CP rank; under mpirun one process per GPU)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--weights", args->weights,
-                  "cuda: how the GPUs hold the matrices: auto (as stored), bf16 or fp8")
+                  "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8, or fp4 "
+                  "(fp8 linears, fp4 experts)")
         ->capture_default_str();
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");

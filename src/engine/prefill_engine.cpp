@@ -190,11 +190,17 @@ GpuGroup::WeightStats PrefillEngine::gpu_weight_stats() const {
 }
 
 GpuWeightFormat stored_gpu_format(const Checkpoint& ckpt) {
+    GpuWeightFormat f = GpuWeightFormat::Bf16;
     for (const WeightSpec& spec : ckpt.specs().all()) {
         if (spec.cls != WeightClass::Fp8Linear && spec.cls != WeightClass::Fp4Expert) continue;
-        if (!ckpt.stored(spec.name).scale_name.empty()) return GpuWeightFormat::Fp8;
+        const StoredWeight w = ckpt.stored(spec.name);
+        if (w.scale_name.empty()) continue;
+        // Routed experts stored packed (two e2m1 per byte): kept so on the GPU.
+        if (spec.cls == WeightClass::Fp4Expert && (w.dtype == DType::I8 || w.dtype == DType::U8))
+            return GpuWeightFormat::Fp4;
+        f = GpuWeightFormat::Fp8;
     }
-    return GpuWeightFormat::Bf16;
+    return f;
 }
 
 GpuWeightFormat resolve_gpu_format(const std::string& weights, const Checkpoint& ckpt) {

@@ -20,9 +20,9 @@ struct EngineOptions {
     bool cuda = false;  // run on GPUs (ranks = GPUs 0 … cp − 1 of this process, or under mpirun)
     GpuGroupOptions gpu;  // cuda: local ranks, devices and NCCL id (empty: threaded mode)
     // cuda: how the GPUs hold the matrices (`--weights`): "auto" (as the checkpoint stores them:
-    // fp8 when its linears are block-quantised fp8 / fp4, else bf16), "bf16" or "fp8"
-    // (docs/fp8.md). The CPU backend computes in fp32 from the dequantised weights and takes "auto"
-    // only.
+    // fp4 when its routed experts are packed fp4, fp8 when its linears are block-quantised, else
+    // bf16), "bf16", "fp8" or "fp4" (model/weight_bytes.h, docs/fp8.md). The CPU backend computes
+    // in fp32 from the dequantised weights and takes "auto" only.
     std::string weights = "auto";
 };
 
@@ -80,10 +80,10 @@ class PrefillEngine {
     GpuWeightFormat format_ = GpuWeightFormat::Bf16;
 };
 
-// The format `--weights auto` means for a checkpoint: fp8 when its fp8-class linears or routed
-// experts are stored block-quantised (fp8 e4m3 or fp4 e2m1 with scales), else bf16.
+// The format `--weights auto` means for a checkpoint: fp4 when its routed experts are stored as
+// packed fp4, fp8 when its fp8-class linears or experts are block-quantised fp8, else bf16.
 GpuWeightFormat stored_gpu_format(const Checkpoint& ckpt);
-// `--weights` (auto, bf16 or fp8) for a checkpoint: auto resolved by stored_gpu_format.
+// `--weights` (auto, bf16, fp8 or fp4) for a checkpoint: auto resolved by stored_gpu_format.
 GpuWeightFormat resolve_gpu_format(const std::string& weights, const Checkpoint& ckpt);
 
 // Index of the largest value (first one on ties).

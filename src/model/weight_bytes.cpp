@@ -16,11 +16,12 @@ int64_t rank_numel(const WeightSpec& spec, const ModelConfig& cfg, ExpertSlice s
 GpuWeightFormat parse_gpu_weight_format(const std::string& s) {
     if (s == "bf16") return GpuWeightFormat::Bf16;
     if (s == "fp8") return GpuWeightFormat::Fp8;
-    CPFILL_FAIL("--weights {}: expected auto, bf16 or fp8", s);
+    if (s == "fp4") return GpuWeightFormat::Fp4;
+    CPFILL_FAIL("--weights {}: expected auto, bf16, fp8 or fp4", s);
 }
 
 std::string_view gpu_weight_format_name(GpuWeightFormat f) {
-    return f == GpuWeightFormat::Fp8 ? "fp8" : "bf16";
+    return f == GpuWeightFormat::Fp8 ? "fp8" : f == GpuWeightFormat::Fp4 ? "fp4" : "bf16";
 }
 
 bool is_fp8(GpuStorage s) { return s == GpuStorage::Fp8Tile || s == GpuStorage::Fp8Row; }
@@ -36,8 +37,10 @@ GpuStorage gpu_storage(const WeightSpec& spec, const ModelConfig& cfg, ExpertSli
     if (!is_gemm_weight(spec)) return GpuStorage::F32;
     if (format == GpuWeightFormat::Bf16) return GpuStorage::Bf16;
     const int64_t width = slice_width(cfg.moe_dim, slice);
-    if (spec.cls == WeightClass::Fp4Expert)
-        return cfg.d_model % 128 == 0 && width % 128 == 0 ? GpuStorage::Fp8Row : GpuStorage::Bf16;
+    if (spec.cls == WeightClass::Fp4Expert) {
+        if (cfg.d_model % 128 != 0 || width % 128 != 0) return GpuStorage::Bf16;
+        return format == GpuWeightFormat::Fp4 ? GpuStorage::Fp4 : GpuStorage::Fp8Row;
+    }
     if (spec.cls != WeightClass::Fp8Linear) return GpuStorage::Bf16;
     const int64_t in = spec.shard == CpShard::HiddenCols ? width : spec.shape[1];
     // The shared expert's slice also in whole row tiles: w1 and w3 are one [2 · width, d_model]
@@ -64,6 +67,8 @@ size_t gpu_spec_bytes(const WeightSpec& spec, const ModelConfig& cfg, ExpertSlic
             return n * 8;
         case GpuStorage::Bf16:
             return n * 2;
+        case GpuStorage::Fp4:
+            return n / 2 + n / 32;
         default:
             break;
     }

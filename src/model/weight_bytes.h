@@ -21,10 +21,11 @@ namespace cpfill {
 int64_t rank_numel(const WeightSpec& spec, const ModelConfig& cfg, ExpertSlice slice);
 
 // How the GPU holds the matrices the release ships in fp8 / fp4 (`--weights`, docs/fp8.md): all in
-// bf16, or those in fp8 e4m3 with fp32 block scales (the tensors the release ships as bf16 / f32
-// stay so either way).
-enum class GpuWeightFormat : uint8_t { Bf16, Fp8 };
-// Parses "bf16" / "fp8" (the CLI's "auto" is resolved from the checkpoint before this).
+// bf16; those in fp8 e4m3 with fp32 block scales; or (Fp4) the fp8 linears so and the routed
+// experts in packed fp4 e2m1 with E8M0 1×32 scales, as the release ships them. The tensors the
+// release ships as bf16 / f32 stay so either way.
+enum class GpuWeightFormat : uint8_t { Bf16, Fp8, Fp4 };
+// Parses "bf16" / "fp8" / "fp4" (the CLI's "auto" is resolved from the checkpoint before this).
 GpuWeightFormat parse_gpu_weight_format(const std::string& s);
 std::string_view gpu_weight_format_name(GpuWeightFormat f);
 
@@ -32,7 +33,9 @@ std::string_view gpu_weight_format_name(GpuWeightFormat f);
 // linears) or (row, 128 columns) scales (the routed experts; the upload keeps a layer's experts in
 // 128×128 tiles instead when those are exact, which needs fewer bytes: the byte counts here are
 // the (row, 128) ones, an upper bound).
-enum class GpuStorage : uint8_t { F32, I64, Bf16, Fp8Tile, Fp8Row };
+// Fp4: packed e2m1 [rows, cols / 2] + E8M0 [rows, cols / 32] (ops/cuda/fp4.h), re-encoded to
+// Fp8Tile on the device before each layer's expert GEMMs.
+enum class GpuStorage : uint8_t { F32, I64, Bf16, Fp8Tile, Fp8Row, Fp4 };
 bool is_fp8(GpuStorage s);
 ops::Fp8Blocks fp8_blocks(GpuStorage s);  // Fp8Tile or Fp8Row
 
@@ -41,7 +44,8 @@ ops::Fp8Blocks fp8_blocks(GpuStorage s);  // Fp8Tile or Fp8Row
 // GEMM matrices (is_gemm_weight) — except, with Fp8, the release's fp8 linears (Fp8Tile) and fp4
 // routed experts (Fp8Row) whose GEMM input width on the rank is a multiple of 128 (the scale
 // blocks; for wo_a also o_rank, its per-group row blocks; for the experts, shared and routed, both
-// d_model and the slice width, so that w1 / w3 / w2 agree). Others stay bf16.
+// d_model and the slice width, so that w1 / w3 / w2 agree). With Fp4 the routed experts under the
+// same rule are Fp4 instead. Others stay bf16.
 GpuStorage gpu_storage(const WeightSpec& spec, const ModelConfig& cfg, ExpertSlice slice,
                        GpuWeightFormat format);
 // The dtype of `spec`'s values with bf16 matrices (GpuWeightFormat::Bf16).

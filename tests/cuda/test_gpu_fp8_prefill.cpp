@@ -133,9 +133,9 @@ double overall(const RunResult& got, const RunResult& ref) {
     return std::sqrt(num / den);
 }
 
-TEST(GpuFp8Prefill, AutoMeansFp8ForAnFp8Checkpoint) {
+TEST(GpuFp8Prefill, AutoMeansFp4ExpertsForAnFp4Checkpoint) {
     const Checkpoint ck(checkpoint_dir());
-    EXPECT_EQ(stored_gpu_format(ck), GpuWeightFormat::Fp8);
+    EXPECT_EQ(stored_gpu_format(ck), GpuWeightFormat::Fp4);
     EXPECT_EQ(resolve_gpu_format("bf16", ck), GpuWeightFormat::Bf16);
     EXPECT_THROW(resolve_gpu_format("fp16", ck), Error);
 }
@@ -145,7 +145,7 @@ TEST(GpuFp8Prefill, StaysWithinFp8RoundingOfTheCpu) {
     CPFILL_SKIP_WITHOUT_GPU();
     const RunResult cpu = run("cpu");
     const RunResult bf16 = run("bf16");
-    const RunResult fp8 = run("auto");
+    const RunResult fp8 = run("fp8");
     const Agreement b = compare(bf16, cpu, 3e-2), f = compare(fp8, cpu, 3e-2);
     for (const auto& [name, r, a] : {std::tuple{"bf16", &bf16, &b}, std::tuple{"fp8", &fp8, &f}})
         std::printf(
@@ -169,7 +169,7 @@ TEST(GpuFp8Prefill, StaysWithinFp8RoundingOfTheCpu) {
 // checkpoint re-encode exactly (only fp4 experts may lose values: counted).
 TEST(GpuFp8Prefill, GpuBytesEqualTheTable) {
     CPFILL_SKIP_WITHOUT_GPU();
-    for (const std::string w : {"bf16", "fp8"}) {
+    for (const std::string w : {"bf16", "fp8", "fp4"}) {
         EngineOptions eo;
         eo.threads = 2;
         eo.cuda = true;
@@ -178,20 +178,37 @@ TEST(GpuFp8Prefill, GpuBytesEqualTheTable) {
         const GpuWeightFormat f = parse_gpu_weight_format(w);
         const size_t table = gpu_rank_weight_bytes(engine.config(), {0, 1}, f);
         // fp8: the experts' (row, 128) scales are an upper bound (they may be held in tiles).
-        if (f == GpuWeightFormat::Bf16)
-            EXPECT_EQ(engine.gpu_weight_stats().bytes, table);
+        if (f != GpuWeightFormat::Fp8)
+            EXPECT_EQ(engine.gpu_weight_stats().bytes, table) << w;
         else
             EXPECT_LE(engine.gpu_weight_stats().bytes, table);
-        EXPECT_GE(engine.gpu_weight_stats().bytes,
-                  gpu_rank_weight_bytes(engine.config(), {0, 1}, GpuWeightFormat::Fp8) * 9 / 10)
-            << w;
         if (f == GpuWeightFormat::Fp8) {
+            EXPECT_GE(engine.gpu_weight_stats().bytes, table * 9 / 10);
+        }
+        if (f != GpuWeightFormat::Bf16) {
             EXPECT_GT(engine.gpu_weight_stats().fp8_values, 0u);
             std::printf("[ fp8 ] %llu of %llu values inexact\n",
                         static_cast<unsigned long long>(engine.gpu_weight_stats().fp8_inexact),
                         static_cast<unsigned long long>(engine.gpu_weight_stats().fp8_values));
         }
     }
+}
+
+// The fp4 experts held packed and re-encoded to fp8 tiles per layer, and the same experts
+// re-encoded once at load: the same weights (both exact here), so the same logits bit for bit
+// (the scales differ by powers of two only).
+TEST(GpuFp8Prefill, Fp4ExpertsEqualFp8Experts) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const RunResult fp4 = run("auto"), fp8 = run("fp8");
+    ASSERT_EQ(fp4.out.logits.size(), fp8.out.logits.size());
+    double worst = 0;
+    for (size_t r = 0; r < fp8.out.logits.size(); ++r)
+        for (int64_t i = 0; i < fp8.out.logits[r].numel(); ++i)
+            worst = std::max(
+                worst, std::abs(double(fp4.out.logits[r].f32()[i]) - fp8.out.logits[r].f32()[i]));
+    std::printf("[ compare ] fp4 vs fp8 experts: max abs difference %.3g\n", worst);
+    EXPECT_EQ(worst, 0.0);
+    EXPECT_EQ(fp4.first_tokens, fp8.first_tokens);
 }
 
 TEST(GpuFp8Prefill, TboOnEqualsOff) {

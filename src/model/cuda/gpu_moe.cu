@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/cuda/gpu_moe.h"
+#include "ops/cuda/fp4.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
@@ -39,8 +40,30 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model, width = W.width, n_assign = rows * K;
     const float limit = float(cfg.swiglu_limit);
-    const bool fp8 = L.w13.fp8();
+    const bool fp8 = L.w13.fp8() || L.w13.fp4();
     c.phase(Phase::Moe);
+    // The routed experts' fp8 weights: as held, or this layer's fp4 experts re-encoded.
+    struct Fp8Weights {
+        const uint8_t* q;
+        const float* s;
+        int64_t spm;
+        oc::Fp8Blocks blocks;
+    } w13{}, w2{};
+    if (L.w13.fp4()) {
+        const oc::Fp8Blocks t = oc::Fp8Blocks::Tile128;
+        oc::fp4_to_fp8_tiles(L.w13.data.as<uint8_t>(), L.w13.scale.as<uint8_t>(), E, 2 * width, D,
+                             s.w13_q, s.w13_s, s.tile_k, nullptr, c.stream);
+        oc::fp4_to_fp8_tiles(L.w2.data.as<uint8_t>(), L.w2.scale.as<uint8_t>(), E, D, width, s.w2_q,
+                             s.w2_s, s.tile_k + oc::fp4_tile_scratch(E, 2 * width, D), nullptr,
+                             c.stream);
+        w13 = {s.w13_q, s.w13_s, ops::fp8_scale_count(2 * width, D, t), t};
+        w2 = {s.w2_q, s.w2_s, ops::fp8_scale_count(D, width, t), t};
+    } else if (fp8) {
+        w13 = {L.w13.data.as<uint8_t>(), L.w13.scale.as<float>(), L.w13.scales_per_matrix(),
+               L.w13.blocks()};
+        w2 = {L.w2.data.as<uint8_t>(), L.w2.scale.as<float>(), L.w2.scales_per_matrix(),
+              L.w2.blocks()};
+    }
     // Each expert's first row: in the sorted assignments, and in the padded rows of fp8 experts.
     std::vector<int64_t> first(E + 1, 0), pfirst(E + 1, 0);
     for (int e = 0; e < E; ++e) {
@@ -89,15 +112,13 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
             bf16* op = s.op + off * D;
             if (fp8) {
                 oc::gemm_fp8(g, static_cast<uint8_t*>(s.xq) + off * D, s.xs + off * (D / 128),
-                             rows_e, D, L.w13.data.as<uint8_t>() + e * 2 * width * D,
-                             L.w13.scale.as<float>() + e * L.w13.scales_per_matrix(),
-                             L.w13.blocks(), 2 * width, gu, nullptr, 2 * width, st);
+                             rows_e, D, w13.q + e * 2 * width * D, w13.s + e * w13.spm, w13.blocks,
+                             2 * width, gu, nullptr, 2 * width, st);
                 uint8_t* aq = static_cast<uint8_t*>(s.aq) + off * width;
                 float* as = s.as + off * (width / 128);
                 oc::swiglu_quant_fp8(gu, rows_e, width, limit, s.sp + off, aq, as, st);
-                oc::gemm_fp8(g, aq, as, rows_e, width, L.w2.data.as<uint8_t>() + e * D * width,
-                             L.w2.scale.as<float>() + e * L.w2.scales_per_matrix(), L.w2.blocks(),
-                             D, op, nullptr, D, st);
+                oc::gemm_fp8(g, aq, as, rows_e, width, w2.q + e * D * width, w2.s + e * w2.spm,
+                             w2.blocks, D, op, nullptr, D, st);
                 continue;
             }
             bf16* act = s.act + off * width;

@@ -32,18 +32,24 @@ struct GpuRouteScratch {
 // fp8 experts the routed rows are padded per expert (ops/cuda/moe_fp8.h): R = max_padded_rows(rows
 // · top_k, n_experts) rows, and xq / aq replace xp / act; else R = rows · top_k.
 struct GpuMoeScratch {
-    int32_t* inv = nullptr;      // [rows · top_k]
-    bf16* xp = nullptr;          // [R, d_model] (bf16 experts)
-    float* sp = nullptr;         // [R]
-    bf16* gu = nullptr;          // [R, 2 · width] routed: each expert its own rows
-    bf16* act = nullptr;         // [R, width] (bf16 experts)
-    bf16* op = nullptr;          // [R, d_model]
-    void* xq = nullptr;          // e4m3 [R, d_model] (fp8 experts)
-    float* xs = nullptr;         // [R · d_model / 128]
-    void* aq = nullptr;          // e4m3 [R, width]
-    float* as = nullptr;         // [R · width / 128]
-    int32_t* first = nullptr;    // [n_experts + 1]
-    int32_t* pfirst = nullptr;   // [n_experts + 1]
+    int32_t* inv = nullptr;     // [rows · top_k]
+    bf16* xp = nullptr;         // [R, d_model] (bf16 experts)
+    float* sp = nullptr;        // [R]
+    bf16* gu = nullptr;         // [R, 2 · width] routed: each expert its own rows
+    bf16* act = nullptr;        // [R, width] (bf16 experts)
+    bf16* op = nullptr;         // [R, d_model]
+    void* xq = nullptr;         // e4m3 [R, d_model] (fp8 experts)
+    float* xs = nullptr;        // [R · d_model / 128]
+    void* aq = nullptr;         // e4m3 [R, width]
+    float* as = nullptr;        // [R · width / 128]
+    int32_t* first = nullptr;   // [n_experts + 1]
+    int32_t* pfirst = nullptr;  // [n_experts + 1]
+    // fp4 experts: the layer's experts re-encoded to e4m3 with Tile128 scales (fp4_to_fp8_tiles)
+    uint8_t* w13_q = nullptr;    // [n_experts][2 · width, d_model]
+    float* w13_s = nullptr;      // [n_experts][fp8_scale_count(2 · width, d_model, Tile128)]
+    uint8_t* w2_q = nullptr;     // [n_experts][d_model, width]
+    float* w2_s = nullptr;       // [n_experts][fp8_scale_count(d_model, width, Tile128)]
+    int* tile_k = nullptr;       // fp4_tile_scratch of w13, then of w2
     bf16* gu_shared = nullptr;   // [rows, 2 · width]
     bf16* act_shared = nullptr;  // [rows, width]
     float* acc = nullptr;        // [rows, d_model]

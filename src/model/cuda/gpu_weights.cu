@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "model/cuda/gpu_weights.h"
 #include "model/weight_bytes.h"
+#include "ops/cuda/fp4.h"
 #include "ops/cuda/fp8.h"
 #include "ops/rope.h"
 #include "runtime/cuda/cuda_check.h"
@@ -244,7 +245,11 @@ class Builder {
             g_->bytes += m.data.bytes();
             return;
         }
-        CPFILL_CHECK(is_fp8(st), "weight {}: a matrix is bf16 or fp8", name);
+        if (st == GpuStorage::Fp4) {
+            store_fp4(m, count, rows, cols, name, init, from_host, host_of);
+            return;
+        }
+        CPFILL_CHECK(is_fp8(st), "weight {}: a matrix is bf16, fp8 or fp4", name);
         const int64_t spm = m.scales_per_matrix();
         m.data = DeviceBuffer(count * per);
         m.scale = DeviceBuffer(count * spm * 4);
@@ -266,6 +271,46 @@ class Builder {
         CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before the staging buffer is freed
         if (from_host) g_->fp8_values += static_cast<uint64_t>(count * per);
         g_->bytes += m.data.bytes() + m.scale.bytes();
+    }
+    // Packed fp4 (routed experts): quantised from f32 on the device; from host weights, also the
+    // re-encoding to fp8 tiles the GEMMs will read is tried once and its inexact values counted.
+    template <class HostOf>
+    void store_fp4(GpuMatrix& m, int64_t count, int64_t rows, int64_t cols, const std::string& name,
+                   WeightInit init, bool from_host, HostOf host_of) {
+        const int64_t per = rows * cols, spm = m.scales_per_matrix();
+        m.data = DeviceBuffer(count * per / 2);
+        m.scale = DeviceBuffer(count * spm);
+        DeviceBuffer staging(per * 4), q8(per),
+            s8(ops::fp8_scale_count(rows, cols, ops::Fp8Blocks::Tile128) * 4);
+        DeviceBuffer tk(ops::cuda::fp4_tile_scratch(1, rows, cols) * 4);
+        ensure_counter();
+        for (int64_t e = 0; e < count; ++e) {
+            uint8_t* q = m.data.as<uint8_t>() + e * per / 2;
+            uint8_t* s = m.scale.as<uint8_t>() + e * spm;
+            if (from_host) {
+                const Tensor* t = host_of(e);
+                CPFILL_CHECK(t && t->numel() == per,
+                             "weight {}: {} values on the host, expected {}", name,
+                             t ? t->numel() : 0, per);
+                CPFILL_CUDA_CHECK(
+                    cudaMemcpy(staging.as<void>(), t->f32(), per * 4, cudaMemcpyHostToDevice));
+            } else {
+                random(staging.as<void>(), false, per, name, init, e * per);
+            }
+            ops::cuda::quantize_weight_fp4(staging.as<float>(), rows, cols, q, s,
+                                           from_host ? counter_ : nullptr, nullptr);
+            if (from_host)
+                ops::cuda::fp4_to_fp8_tiles(q, s, 1, rows, cols, q8.as<uint8_t>(), s8.as<float>(),
+                                            tk.as<int>(), counter_, nullptr);
+        }
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before the staging buffers are freed
+        if (from_host) g_->fp8_values += static_cast<uint64_t>(count * per);
+        g_->bytes += m.data.bytes() + m.scale.bytes();
+    }
+    void ensure_counter() {
+        if (counter_) return;
+        CPFILL_CUDA_CHECK(cudaMalloc(&counter_, sizeof(unsigned long long)));
+        CPFILL_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(unsigned long long)));
     }
     // Adds the inexact values of the matrices quantised so far to the weights' count.
     void finish() {
@@ -405,7 +450,13 @@ bool GpuWeights::dense_fp8() const {
 
 bool GpuWeights::experts_fp8() const {
     for (const GpuLayer& l : layers)
-        if (l.w13.fp8()) return true;
+        if (l.w13.fp8() || l.w13.fp4()) return true;
+    return false;
+}
+
+bool GpuWeights::experts_fp4() const {
+    for (const GpuLayer& l : layers)
+        if (l.w13.fp4()) return true;
     return false;
 }
 

@@ -21,14 +21,19 @@
 namespace cpfill::cuda {
 
 // A GEMM weight [rows, cols] (the routed experts: n_experts of them, one after the other) in bf16,
-// or e4m3 with its fp32 block scales (ops/fp8_blocks.h layouts, one block of scales per matrix).
+// e4m3 with its fp32 block scales (ops/fp8_blocks.h layouts, one block of scales per matrix), or
+// (routed experts) packed fp4 with E8M0 bytes (ops/cuda/fp4.h).
 struct GpuMatrix {
     DeviceBuffer data, scale;
     GpuStorage storage = GpuStorage::Bf16;
     int64_t rows = 0, cols = 0;  // of one matrix
     bool fp8() const { return is_fp8(storage); }
+    bool fp4() const { return storage == GpuStorage::Fp4; }
     ops::Fp8Blocks blocks() const { return fp8_blocks(storage); }
-    int64_t scales_per_matrix() const { return ops::fp8_scale_count(rows, cols, blocks()); }
+    // fp8: fp32 scales per matrix; fp4: E8M0 bytes per matrix.
+    int64_t scales_per_matrix() const {
+        return fp4() ? rows * cols / 32 : ops::fp8_scale_count(rows, cols, blocks());
+    }
     // The bf16 values (refuses an fp8 matrix: its caller has no fp8 path).
     const __nv_bfloat16* bf16() const {
         CPFILL_CHECK(storage == GpuStorage::Bf16, "a {}×{} weight is fp8 where bf16 was expected",
@@ -81,7 +86,8 @@ struct GpuWeights {
     // their smallest values), of how many quantised. Counted as they are made.
     uint64_t fp8_inexact = 0, fp8_values = 0;
     bool dense_fp8() const;    // some attention / shared-expert matrix is fp8
-    bool experts_fp8() const;  // the routed experts are fp8
+    bool experts_fp8() const;  // the routed experts are fp8, or fp4 (re-encoded to fp8 per layer)
+    bool experts_fp4() const;  // the routed experts are fp4
 };
 
 // Uploads a rank's host weights (as load_rank_weights / slice_experts make them) to the current

@@ -2,6 +2,7 @@
 // the memory plan (workspace_bytes, weight_bytes).
 #include <algorithm>
 
+#include "ops/cuda/fp4.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
 #include "parallel/cuda/gpu_workspace.h"
@@ -54,13 +55,17 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 }
 
 // The workspace of one run, carved in one fixed order from an arena (or counted).
-WeightNeeds needs_of(const GpuWeights& w) { return {w.dense_fp8(), w.experts_fp8()}; }
+WeightNeeds needs_of(const GpuWeights& w) {
+    return {w.dense_fp8(), w.experts_fp8(), w.experts_fp4()};
+}
 
 WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format) {
     WeightNeeds n;
     if (format == GpuWeightFormat::Bf16) return n;
     for (const WeightSpec& spec : weight_specs(cfg)) {
-        if (!is_fp8(gpu_storage(spec, cfg, slice, format))) continue;
+        const GpuStorage st = gpu_storage(spec, cfg, slice, format);
+        if (st == GpuStorage::Fp4) n.experts_fp4 = n.experts_fp8 = true;
+        if (!is_fp8(st)) continue;
         (spec.expert >= 0 ? n.experts_fp8 : n.dense_fp8) = true;
     }
     return n;
@@ -134,6 +139,15 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         m.as = a.template take<float>(R * width / 128);
         m.first = a.template take<int32_t>(E + 1);
         m.pfirst = a.template take<int32_t>(E + 1);
+        if (needs.experts_fp4) {
+            const auto t = ops::Fp8Blocks::Tile128;
+            m.w13_q = a.template take<uint8_t>(E * 2 * width * D);
+            m.w13_s = a.template take<float>(E * ops::fp8_scale_count(2 * width, D, t));
+            m.w2_q = a.template take<uint8_t>(E * D * width);
+            m.w2_s = a.template take<float>(E * ops::fp8_scale_count(D, width, t));
+            m.tile_k = a.template take<int>(oc::fp4_tile_scratch(E, 2 * width, D) +
+                                            oc::fp4_tile_scratch(E, D, width));
+        }
     } else {
         m.xp = a.template take<bf16>(R * D);
         m.act = a.template take<bf16>(R * width);

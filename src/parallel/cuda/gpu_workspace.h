@@ -58,6 +58,7 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 // padded fp8 rows of the routed experts (experts_fp8).
 struct WeightNeeds {
     bool dense_fp8 = false, experts_fp8 = false;
+    bool experts_fp4 = false;  // a layer's experts re-encoded to fp8 (implies experts_fp8)
 };
 WeightNeeds needs_of(const GpuWeights& w);
 // The same before the weights exist (the memory plan), from the weight table.

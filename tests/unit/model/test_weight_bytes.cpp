@@ -86,6 +86,18 @@ TEST(WeightBytes, Fp8StorageAndItsBytes) {
     EXPECT_EQ(gpu_storage(WeightSpecTable(cfg).at("layers.1.attn.wo_a.weight"), cfg, {0, 1},
                           GpuWeightFormat::Fp8),
               GpuStorage::Bf16);
+    // fp4: the routed experts packed (half a byte per value + one E8M0 byte per 32), the
+    // linears as with fp8.
+    cfg = preset_config("tiny");
+    const WeightSpecTable t4(cfg);
+    const WeightSpec& w1 = t4.at("layers.1.ffn.experts.3.w1.weight");
+    EXPECT_EQ(gpu_storage(w1, cfg, {0, 1}, GpuWeightFormat::Fp4), GpuStorage::Fp4);
+    EXPECT_EQ(gpu_spec_bytes(w1, cfg, {0, 1}, GpuWeightFormat::Fp4),
+              size_t{128 * 256 / 2 + 128 * 256 / 32});
+    EXPECT_EQ(gpu_storage(t4.at("layers.1.attn.wq_b.weight"), cfg, {0, 1}, GpuWeightFormat::Fp4),
+              GpuStorage::Fp8Tile);
+    EXPECT_LT(gpu_weight_bytes(cfg, 1, GpuWeightFormat::Fp4),
+              gpu_weight_bytes(cfg, 1, GpuWeightFormat::Fp8));
     EXPECT_EQ(parse_gpu_weight_format("fp8"), GpuWeightFormat::Fp8);
     EXPECT_THROW(parse_gpu_weight_format("auto"), Error);
 }
