@@ -2,7 +2,9 @@
 // 503 while the model loads), loads the model once, runs a warm-up batch, then serves batches of
 // requests through PrefillEngine until SIGTERM or SIGINT, which it answers with a graceful stop.
 #include <fmt/format.h>
-#include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <csignal>
 #include <cstdio>
@@ -68,34 +70,56 @@ std::optional<Tokenizer> serve_tokenizer(const ServeArgs& a, const ModelConfig& 
     return tok;
 }
 
-// SIGTERM and SIGINT are blocked in every thread (the mask is inherited) and taken by one thread
-// with sigwait, which stops the server; SIGUSR1 only ends that thread.
+// SIGTERM and SIGINT: the handler writes the signal's number into a pipe (all it may do: some
+// threads, such as OpenBLAS's, exist before main and cannot be kept from receiving it), and a
+// thread reading the pipe stops the server. Closing the pipe's write end ends that thread.
+int g_signal_pipe = -1;
+
+extern "C" void on_stop_signal(int sig) {
+    const unsigned char c = static_cast<unsigned char>(sig);
+    if (g_signal_pipe >= 0) {
+        [[maybe_unused]] const ssize_t n = write(g_signal_pipe, &c, 1);
+    }
+}
+
 class SignalThread {
   public:
     explicit SignalThread(serve::PrefillServer& server) {
-        sigemptyset(&set_);
-        for (int s : {SIGTERM, SIGINT, SIGUSR1}) sigaddset(&set_, s);
-        pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+        int fds[2];
+        CPFILL_CHECK(pipe(fds) == 0, "cannot create a pipe for the signal handler");
+        read_fd_ = fds[0];
+        g_signal_pipe = write_fd_ = fds[1];
+        struct sigaction sa {};
+        sa.sa_handler = on_stop_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, nullptr);
+        sigaction(SIGINT, &sa, nullptr);
         thread_ = std::thread([this, &server] {
-            int sig = 0;
-            while (sigwait(&set_, &sig) == 0 && sig == SIGUSR1 && !done_) {
+            unsigned char sig = 0;
+            ssize_t n;
+            while ((n = read(read_fd_, &sig, 1)) < 0 && errno == EINTR) {
             }
-            if (sig == SIGUSR1) return;
-            fmt::print(stderr, "serve: {} received: finishing the running batch, refusing the "
-                               "queued requests\n",
+            if (n != 1 || sig == 0) return;  // closed: the server ended on its own
+            fmt::print(stderr,
+                       "serve: {} received: finishing the running batch, refusing the queued "
+                       "requests\n",
                        sig == SIGTERM ? "SIGTERM" : "SIGINT");
             server.stop();
         });
     }
     ~SignalThread() {
-        done_ = true;
-        pthread_kill(thread_.native_handle(), SIGUSR1);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        const unsigned char zero = 0;
+        [[maybe_unused]] auto n = write(write_fd_, &zero, 1);
         thread_.join();
+        g_signal_pipe = -1;
+        close(write_fd_);
+        close(read_fd_);
     }
 
   private:
-    sigset_t set_;
-    std::atomic<bool> done_{false};
+    int read_fd_ = -1, write_fd_ = -1;
     std::thread thread_;
 };
 
@@ -148,7 +172,7 @@ int serve_main(const ServeArgs& a) {
     const std::optional<Tokenizer> tok = serve_tokenizer(a, cfg);
     const serve::ServerOptions opts = server_options(a, cfg, tok);
     serve::PrefillServer server(opts);
-    SignalThread signals(server);  // before any other thread, so that all inherit the mask
+    SignalThread signals(server);
     const int port = server.start(a.host, a.port);
     fmt::print("listening on http://{}:{}\n", a.host, port);
     std::fflush(stdout);
