@@ -59,8 +59,8 @@ void PrefillServer::log_request(const std::string& endpoint, uint64_t id, int st
     const bool ran = r && r->status != 499 && r->status != 503;
     metrics_.record_request(endpoint, status, tokens, r ? r->queue_seconds : 0, total_s, ran);
     if (!opt_.log_requests) return;
-    fmt::print(stderr, "request {} {}: {} tokens, queue {:.1f} ms, TTFT {:.1f} ms, status {}\n",
-               id, endpoint, tokens, r ? r->queue_seconds * 1e3 : 0.0,
+    fmt::print(stderr, "request {} {}: {} tokens, queue {:.1f} ms, TTFT {:.1f} ms, status {}\n", id,
+               endpoint, tokens, r ? r->queue_seconds * 1e3 : 0.0,
                status == 200 ? total_s * 1e3 : 0.0, status);
 }
 
@@ -110,8 +110,7 @@ void PrefillServer::handle_completions(const httplib::Request& req, httplib::Res
     std::optional<JobResult> job;
     try {
         std::shared_ptr<Scheduler> sched = scheduler_or_503();
-        const CompletionRequest cr =
-            parse_completion_request(req.body, opt_.limits, opt_.tokenize);
+        const CompletionRequest cr = parse_completion_request(req.body, opt_.limits, opt_.tokenize);
         tokens = count_tokens(cr.prompts);
         job = sched->submit(job_spec(req, cr.prompts, cr.all_logits(), false)).get();
         if (job->status != 200) throw HttpError(job->status, job->error_type, job->error_message);

@@ -22,8 +22,8 @@ std::string base64_encode(const std::string& in) {
     out.reserve((in.size() + 2) / 3 * 4);
     size_t i = 0;
     for (; i + 2 < in.size(); i += 3) {
-        const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 |
-                           uint8_t(in[i + 2]);
+        const uint32_t v =
+            uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
         for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
     }
     if (i < in.size()) {

@@ -16,7 +16,7 @@ double log_sum_exp(const float* logits, int64_t vocab) {
 }
 
 std::vector<std::pair<int32_t, double>> top_logprobs(const float* logits, int64_t vocab, int k,
-                                                      double lse) {
+                                                     double lse) {
     const int64_t n = std::min<int64_t>(std::max(k, 0), vocab);
     std::vector<int32_t> ids(static_cast<size_t>(vocab));
     std::iota(ids.begin(), ids.end(), 0);

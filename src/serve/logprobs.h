@@ -14,6 +14,6 @@ double log_sum_exp(const float* logits, int64_t vocab);
 // The k most likely ids with their log-probabilities (logit − lse), most likely first; equal
 // logits keep the lower id first. k is clamped to the vocabulary.
 std::vector<std::pair<int32_t, double>> top_logprobs(const float* logits, int64_t vocab, int k,
-                                                      double lse);
+                                                     double lse);
 
 }  // namespace cpfill::serve

@@ -10,7 +10,7 @@ namespace {
 // prompt's minutes.
 std::vector<double> time_buckets() {
     return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-            1,     2.5,    5,     10,   25,    50,   100, 250, 600};
+            1,     2.5,    5,     10,   25,    50,   100, 250,  600};
 }
 
 void render_histogram(std::string& out, const std::string& name, const std::string& help,
@@ -69,11 +69,12 @@ void Metrics::record_batch(int64_t tokens, double seconds, bool ok) {
 std::string Metrics::render(const MetricsGauges& g) const {
     std::lock_guard lock(mu_);
     std::string out;
-    out += "# HELP cpfill_requests_total Requests answered, by endpoint and HTTP status.\n"
-           "# TYPE cpfill_requests_total counter\n";
+    out +=
+        "# HELP cpfill_requests_total Requests answered, by endpoint and HTTP status.\n"
+        "# TYPE cpfill_requests_total counter\n";
     for (const auto& [key, n] : requests_)
-        out += fmt::format("cpfill_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n",
-                           key.first, key.second, n);
+        out += fmt::format("cpfill_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first,
+                           key.second, n);
     render_one(out, "cpfill_prompt_tokens_total", "counter",
                "Prompt tokens of the requests that reached a batch.", double(prompt_tokens_));
     render_one(out, "cpfill_batches_total", "counter", "Batches run (failed ones included).",
@@ -102,8 +103,9 @@ std::string Metrics::render(const MetricsGauges& g) const {
                      "Arrival to the first token (queue and prefill) of successful requests.",
                      ttft_);
     if (!g.gpu_bytes_in_use.empty()) {
-        out += "# HELP cpfill_gpu_memory_used_bytes Device memory in use, per GPU.\n"
-               "# TYPE cpfill_gpu_memory_used_bytes gauge\n";
+        out +=
+            "# HELP cpfill_gpu_memory_used_bytes Device memory in use, per GPU.\n"
+            "# TYPE cpfill_gpu_memory_used_bytes gauge\n";
         for (size_t i = 0; i < g.gpu_bytes_in_use.size(); ++i)
             out += fmt::format("cpfill_gpu_memory_used_bytes{{gpu=\"{}\"}} {}\n", i,
                                g.gpu_bytes_in_use[i]);

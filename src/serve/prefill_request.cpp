@@ -17,8 +17,9 @@ PrefillRequest parse_prefill_request(std::string_view body, const PromptLimits& 
                 key);
     const bool ids = j.contains("input_ids"), text = j.contains("prompt");
     if (ids == text)
-        bad_request("expected exactly one of \"input_ids\" (token ids) or \"prompt\" (text), found {}",
-                    ids ? "both" : "neither");
+        bad_request(
+            "expected exactly one of \"input_ids\" (token ids) or \"prompt\" (text), found {}",
+            ids ? "both" : "neither");
     PrefillRequest r;
     r.prompts = ids ? parse_prompts(j["input_ids"], "input_ids", false, true, limits, tokenize)
                     : parse_prompts(j["prompt"], "prompt", true, false, limits, tokenize);

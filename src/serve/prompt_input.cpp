@@ -21,9 +21,7 @@ std::string found(const json& v) {
     return fmt::format("{} {}", vowel ? "an" : "a", t == "array" ? "list" : t);
 }
 
-bool is_id_list(const json& v) {
-    return v.is_array() && !v.empty() && v.front().is_number();
-}
+bool is_id_list(const json& v) { return v.is_array() && !v.empty() && v.front().is_number(); }
 
 std::vector<int32_t> parse_ids(const json& v, const std::string& where, const PromptLimits& lim) {
     std::vector<int32_t> ids;
@@ -77,8 +75,8 @@ json parse_json_object(std::string_view body) {
     return j;
 }
 
-std::vector<std::vector<int32_t>> parse_prompts(const json& v, const std::string& field,
-                                                bool text, bool ids, const PromptLimits& lim,
+std::vector<std::vector<int32_t>> parse_prompts(const json& v, const std::string& field, bool text,
+                                                bool ids, const PromptLimits& lim,
                                                 const Tokenize& tokenize) {
     const std::string forms = text && ids ? "a string, a list of token ids, or a list of either"
                               : text      ? "a string or a list of strings"
@@ -98,8 +96,8 @@ std::vector<std::vector<int32_t>> parse_prompts(const json& v, const std::string
             if (text && p.is_string()) {
                 out.push_back(parse_text(p, where, lim, tokenize));
             } else if (ids && p.is_array()) {
-                if (p.empty()) bad_request("{}: the prompt is empty, expected at least one token",
-                                           where);
+                if (p.empty())
+                    bad_request("{}: the prompt is empty, expected at least one token", where);
                 out.push_back(parse_ids(p, where, lim));
             } else {
                 bad_request("{}: expected {}, found {}", where,
@@ -115,7 +113,8 @@ std::vector<std::vector<int32_t>> parse_prompts(const json& v, const std::string
         bad_request("{}: expected {}, found {}", field, forms, found(v));
     }
     for (size_t i = 0; i < out.size(); ++i)
-        if (lim.max_prompt_tokens > 0 && static_cast<int64_t>(out[i].size()) > lim.max_prompt_tokens)
+        if (lim.max_prompt_tokens > 0 &&
+            static_cast<int64_t>(out[i].size()) > lim.max_prompt_tokens)
             throw HttpError(413, "invalid_request_error",
                             fmt::format("{}: prompt {} has {} tokens, more than the server's "
                                         "limit of {} (--max-prompt-tokens)",
@@ -128,8 +127,8 @@ int parse_int_field(const json& v, const std::string& name, int lo, int hi) {
         bad_request("{}: expected an integer from {} to {}, found {}", name, lo, hi, found(v));
     const bool big = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX);
     const int64_t x = big ? std::numeric_limits<int64_t>::max() : v.get<int64_t>();
-    if (x < lo || x > hi) bad_request("{}: expected an integer from {} to {}, found {}", name, lo,
-                                      hi, v.dump());
+    if (x < lo || x > hi)
+        bad_request("{}: expected an integer from {} to {}, found {}", name, lo, hi, v.dump());
     return static_cast<int>(x);
 }
 

@@ -58,8 +58,8 @@ json choice(const CompletionRequest& req, const Tensor& logits, const std::vecto
                 continue;
             }
             const float* row = logits_row(logits, p - 1);
-            steps.push_back(scored_step(row, V, prompt[p], req.logprobs, checked_lse(row, V, index),
-                                        detok));
+            steps.push_back(
+                scored_step(row, V, prompt[p], req.logprobs, checked_lse(row, V, index), detok));
         }
     }
     if (req.max_tokens == 1) {
@@ -70,8 +70,10 @@ json choice(const CompletionRequest& req, const Tensor& logits, const std::vecto
     }
     json c;
     std::string text;
-    json lp = {{"tokens", json::array()},       {"token_logprobs", json::array()},
-               {"top_logprobs", json::array()}, {"text_offset", json::array()},
+    json lp = {{"tokens", json::array()},
+               {"token_logprobs", json::array()},
+               {"top_logprobs", json::array()},
+               {"text_offset", json::array()},
                {"token_ids", json::array()}};
     for (const Step& s : steps) {
         const std::string t = token_text(detok, s.id);
@@ -110,8 +112,8 @@ json prefill_response(const PrefillRequest& req, const JobResult& res, const Det
         if (i < kv_files.size()) r["kv"] = base64_file(kv_files[i]);
         out["requests"].push_back(r);
     }
-    out["timings"] = {{"queue_ms", t.queue_ms}, {"prefill_ms", t.prefill_ms},
-                      {"total_ms", t.total_ms}};
+    out["timings"] = {
+        {"queue_ms", t.queue_ms}, {"prefill_ms", t.prefill_ms}, {"total_ms", t.total_ms}};
     if (!req.kv_out.empty()) out["kv_out"] = req.kv_out;
     return out;
 }
@@ -124,8 +126,8 @@ json completion_response(const CompletionRequest& req, const JobResult& res,
     int64_t prompt_tokens = 0, completion_tokens = 0;
     for (size_t i = 0; i < req.prompts.size(); ++i) {
         prompt_tokens += static_cast<int64_t>(req.prompts[i].size());
-        out["choices"].push_back(choice(req, res.logits[i], req.prompts[i], res.first_tokens[i],
-                                        i, detok, completion_tokens));
+        out["choices"].push_back(choice(req, res.logits[i], req.prompts[i], res.first_tokens[i], i,
+                                        detok, completion_tokens));
     }
     out["usage"] = {{"prompt_tokens", prompt_tokens},
                     {"completion_tokens", completion_tokens},

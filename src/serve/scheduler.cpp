@@ -45,8 +45,9 @@ std::future<JobResult> Scheduler::submit(JobSpec spec) {
     {
         std::lock_guard lock(mu_);
         if (stopping_)
-            throw HttpError(503, "unavailable", "the server is shutting down: expected no new "
-                                                "requests");
+            throw HttpError(503, "unavailable",
+                            "the server is shutting down: expected no new "
+                            "requests");
         if (queue_.size() >= opt_.max_queue)
             throw HttpError(503, "overloaded",
                             fmt::format("the queue is full ({} requests wait, --max-queue {}): "
@@ -90,8 +91,8 @@ void Scheduler::shutdown() {
     }
     cv_.notify_all();
     for (auto& job : left)
-        job->done.set_value(failed(503, "unavailable",
-                                   "the server shut down before this request's batch started"));
+        job->done.set_value(
+            failed(503, "unavailable", "the server shut down before this request's batch started"));
     if (worker_.joinable()) worker_.join();
 }
 
@@ -165,8 +166,8 @@ void Scheduler::run_batch(std::vector<std::unique_ptr<Job>>& batch) {
         const size_t n = prompts.size();
         if (r.out.logits.size() != n || r.first_tokens.size() != n ||
             (ro.keep_kv && r.out.kv.size() != n))
-            error = fmt::format("the batch of {} prompts returned {} logits", n,
-                                r.out.logits.size());
+            error =
+                fmt::format("the batch of {} prompts returned {} logits", n, r.out.logits.size());
     } catch (const std::exception& e) {
         error = e.what();
     }

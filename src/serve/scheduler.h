@@ -35,7 +35,7 @@ struct JobResult {
     std::string error_type, error_message;
     std::vector<Tensor> logits;  // per prompt: f32 [vocab], or [len, vocab] with all_logits
     std::vector<int32_t> first_tokens;
-    KvStore kv;  // per prompt, with keep_kv
+    KvStore kv;                  // per prompt, with keep_kv
     double queue_seconds = 0;    // arrival → batch start
     double prefill_seconds = 0;  // the batch's run
     int64_t batch_tokens = 0;
@@ -47,8 +47,8 @@ using BatchRunner =
 
 struct SchedulerOptions {
     int64_t max_batch_tokens = 8192;
-    size_t max_queue = 64;    // waiting jobs; one more is refused with 503
-    bool chunk_long = true;   // over-budget jobs run in chunks (CPU); false: 413 at submission
+    size_t max_queue = 64;   // waiting jobs; one more is refused with 503
+    bool chunk_long = true;  // over-budget jobs run in chunks (CPU); false: 413 at submission
     TboMode tbo = TboMode::Auto;
     bool hold_batches = false;  // tests: each batch waits for release_batch() or shutdown()
 };

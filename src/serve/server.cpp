@@ -56,10 +56,9 @@ void PrefillServer::set_ready(ReadyModel model) {
     std::lock_guard lock(mu_);
     if (stopping_) return;
     model_ = std::move(model);
-    scheduler_ = std::make_shared<Scheduler>(model_.run, opt_.scheduler,
-                                             [this](int64_t tokens, double s, bool ok) {
-                                                 metrics_.record_batch(tokens, s, ok);
-                                             });
+    scheduler_ = std::make_shared<Scheduler>(
+        model_.run, opt_.scheduler,
+        [this](int64_t tokens, double s, bool ok) { metrics_.record_batch(tokens, s, ok); });
 }
 
 void PrefillServer::stop() {
@@ -69,8 +68,8 @@ void PrefillServer::stop() {
         if (stopping_.exchange(true)) return;
         s = scheduler_;
     }
-    http_->stop();          // no new connections
-    if (s) s->shutdown();   // queued → 503, the running batch finishes
+    http_->stop();         // no new connections
+    if (s) s->shutdown();  // queued → 503, the running batch finishes
 }
 
 void PrefillServer::wait() {
@@ -116,14 +115,15 @@ void PrefillServer::add_routes() {
     });
     // Errors httplib answers itself (unknown path, wrong method, a body over the size limit) get
     // the same JSON shape as ours; responses that already have a body keep it.
-    http_->set_error_handler(httplib::Server::HandlerWithResponse(
-        [](const httplib::Request& req, httplib::Response& res) {
+    http_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                     httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        const std::string msg =
-            res.status == 404 ? fmt::format("no endpoint {} {}: expected POST /v1/prefill, POST "
-                                            "/v1/completions, GET /health, /v1/models or /metrics",
-                                            req.method, req.path)
-                              : fmt::format("HTTP status {}", res.status);
+        const std::string msg = res.status == 404
+                                    ? fmt::format(
+                                          "no endpoint {} {}: expected POST /v1/prefill, POST "
+                                          "/v1/completions, GET /health, /v1/models or /metrics",
+                                          req.method, req.path)
+                                    : fmt::format("HTTP status {}", res.status);
         res.set_content(error_body(msg, "invalid_request_error", res.status), "application/json");
         return httplib::Server::HandlerResponse::Handled;
     }));

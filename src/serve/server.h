@@ -30,9 +30,9 @@ struct ServerOptions {
     ModelConfig cfg;       // read before the load: the vocabulary and limits are known at once
     PromptLimits limits;
     SchedulerOptions scheduler;
-    Tokenize tokenize;      // empty: no tokenizer (text prompts are refused)
-    Detokenize detokenize;  // empty: no token texts in the answers
-    int http_threads = 0;   // 0: max_queue + 16 (every waiting request holds one)
+    Tokenize tokenize;         // empty: no tokenizer (text prompts are refused)
+    Detokenize detokenize;     // empty: no token texts in the answers
+    int http_threads = 0;      // 0: max_queue + 16 (every waiting request holds one)
     bool log_requests = true;  // one line per request on stderr
 };
 

@@ -45,10 +45,10 @@ TEST(PrefillRequest, AcceptsIdsFlatOrNestedAndText) {
               (std::vector<std::vector<int32_t>>{{3, 4, 5}}));
     EXPECT_EQ(prefill(R"({"input_ids": [[3], [4, 99]]})").prompts,
               (std::vector<std::vector<int32_t>>{{3}, {4, 99}}));
-    EXPECT_EQ(prefill(R"({"prompt": "ab"})").prompts, (std::vector<std::vector<int32_t>>{
-                                                          {1, 10 + 'a' % 90, 10 + 'b' % 90}}));
-    const PrefillRequest r =
-        prefill(R"({"prompt": ["a", "b"], "top_logprobs": 5, "kv_out": "/tmp/x", "return_kv": true})");
+    EXPECT_EQ(prefill(R"({"prompt": "ab"})").prompts,
+              (std::vector<std::vector<int32_t>>{{1, 10 + 'a' % 90, 10 + 'b' % 90}}));
+    const PrefillRequest r = prefill(
+        R"({"prompt": ["a", "b"], "top_logprobs": 5, "kv_out": "/tmp/x", "return_kv": true})");
     EXPECT_EQ(r.prompts.size(), 2u);
     EXPECT_EQ(r.top_logprobs, 5);
     EXPECT_EQ(r.kv_out, "/tmp/x");
@@ -121,8 +121,7 @@ TEST(CompletionRequest, RefusesWhatAPrefillServerCannotDo) {
     expect_refused(completion, R"({"prompt": "a", "max_tokens": 0})", 400,
                    {"without echo", "echo"});
     expect_refused(completion, R"({"max_tokens": 1})", 400, {"\"prompt\" is missing"});
-    expect_refused(completion, R"({"prompt": {"text": "a"}})", 400,
-                   {"prompt", "found an object"});
+    expect_refused(completion, R"({"prompt": {"text": "a"}})", 400, {"prompt", "found an object"});
     expect_refused(completion, R"({"prompt": [5, 6, 1000]})", 400, {"prompt[2]", "token id 1000"});
     expect_refused(completion, R"({"prompt": "a", "logprobs": -1})", 400, {"logprobs", "-1"});
     expect_refused(completion, R"({"prompt": "a", "echo": "yes"})", 400, {"echo", "string"});

@@ -57,7 +57,8 @@ void expect_matches_engine(const json& answer, const std::vector<int32_t>& promp
     }
     // The most likely token is the engine's top one (its log-probability is the row's largest).
     double best = -INFINITY;
-    for (int64_t t = 0; t < V; ++t) best = std::max(best, test::reference_logprob(row, V, int32_t(t)));
+    for (int64_t t = 0; t < V; ++t)
+        best = std::max(best, test::reference_logprob(row, V, int32_t(t)));
     EXPECT_NEAR(double(top[0][1]), best, 1e-4) << what;
 }
 
@@ -125,8 +126,8 @@ TEST(Server, EchoScoresEveryPromptToken) {
     EXPECT_EQ(j["object"], "text_completion");
 
     // max_tokens 1: the argmax next token and its log-probability.
-    auto [st1, j1] = srv.post("/v1/completions",
-                              json({{"prompt", prompt}, {"max_tokens", 1}, {"logprobs", 1}}).dump());
+    auto [st1, j1] = srv.post(
+        "/v1/completions", json({{"prompt", prompt}, {"max_tokens", 1}, {"logprobs", 1}}).dump());
     ASSERT_EQ(st1, 200) << j1.dump();
     const RunResult last = alone(prompt);
     const json& lp1 = j1["choices"][0]["logprobs"];
@@ -218,7 +219,8 @@ TEST(Server, AFailingBatchIs500ToItsRequestsAndServingGoesOn) {
     EXPECT_EQ(st, 500);
     EXPECT_NE(j.dump().find("injected failure"), std::string::npos) << j.dump();
     const std::vector<int32_t> good = {1, 2, 3, 4, 5};
-    auto [st2, j2] = srv.post("/v1/prefill", json({{"input_ids", good}, {"top_logprobs", 1}}).dump());
+    auto [st2, j2] =
+        srv.post("/v1/prefill", json({{"input_ids", good}, {"top_logprobs", 1}}).dump());
     ASSERT_EQ(st2, 200) << j2.dump();
     expect_matches_engine(j2["requests"][0], good, 1, "after the failed batch");
 }
@@ -270,9 +272,10 @@ TEST(Server, AClientGoneBeforeItsBatchIsDropped) {
     inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     const std::string body = R"({"input_ids": [3, 4, 5]})";
-    const std::string req = "POST /v1/prefill HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                            "application/json\r\nContent-Length: " +
-                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string req =
+        "POST /v1/prefill HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        "application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     ASSERT_EQ(send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
     ASSERT_TRUE(eventually([&] { return srv.server().scheduler()->queue_length() == 1; }));
     close(fd);

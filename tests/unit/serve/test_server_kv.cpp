@@ -15,8 +15,7 @@ namespace {
 using nlohmann::json;
 
 std::string decode_base64(const std::string& s) {
-    const std::string alphabet =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     std::string out;
     uint32_t acc = 0;
     int bits = 0;
@@ -84,8 +83,9 @@ TEST(ServerKv, ABadKvOutFolderIs400) {
                             json({{"input_ids", {1, 2}}, {"kv_out", out.file("a-file")}}).dump());
     EXPECT_EQ(st, 400);
     EXPECT_NE(j.dump().find("kv_out"), std::string::npos) << j.dump();
-    auto [st2, j2] = srv.post(
-        "/v1/prefill", json({{"input_ids", {1, 2}}, {"kv_out", test::TinyModel::get().path()}}).dump());
+    auto [st2, j2] =
+        srv.post("/v1/prefill",
+                 json({{"input_ids", {1, 2}}, {"kv_out", test::TinyModel::get().path()}}).dump());
     EXPECT_EQ(st2, 400) << j2.dump();
 }
 

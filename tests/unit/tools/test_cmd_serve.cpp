@@ -100,7 +100,8 @@ TEST(CmdServe, SigtermFinishesTheRunningBatchRefusesTheQueuedAndExits0) {
     TempDir tmp;
     const std::string model = tmp.file("m");
     ASSERT_EQ(test::run_cli("gen-model --preset tiny --seed 4 --out " + model).code, 0);
-    const test::CliResult run = test::run_cli("run --model " + model + " --input-ids 5,6,7,8 --threads 2 --json");
+    const test::CliResult run =
+        test::run_cli("run --model " + model + " --input-ids 5,6,7,8 --threads 2 --json");
     ASSERT_EQ(run.code, 0) << run.out;
     const auto expected = nlohmann::json::parse(run.out.substr(run.out.find('{')));
 
@@ -114,8 +115,7 @@ TEST(CmdServe, SigtermFinishesTheRunningBatchRefusesTheQueuedAndExits0) {
         auto r = cli.Get("/metrics");
         if (!r) return std::string();
         const size_t at = r->body.find("\n" + name + " ");
-        return at == std::string::npos ? std::string()
-                                       : r->body.substr(at + name.size() + 2, 1);
+        return at == std::string::npos ? std::string() : r->body.substr(at + name.size() + 2, 1);
     };
     ASSERT_TRUE(eventually([&] {
         auto r = cli.Get("/health");
