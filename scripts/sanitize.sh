@@ -36,7 +36,7 @@ cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp"
 if [ "$kind" = thread ]; then
     "$dir/tests/test_runtime"
     "$dir/tests/test_parallel"
