@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sanitizer runs of the CPU tests, lean enough for CI (2 cores, no GPU): a CPU-only build
 # (-DCPFILL_CUDA=OFF) at -O1 with line tables, of the test binaries needed and nothing else.
-#   scripts/sanitize.sh thread    ThreadSanitizer over the CP/TBO tests (test_parallel) and the
-#                                 communicators and streams under them (test_runtime)
+#   scripts/sanitize.sh thread    ThreadSanitizer over the CP/TBO tests (test_parallel), the
+#                                 communicators and streams under them (test_runtime) and the
+#                                 server's scheduler and HTTP handlers (test_serve)
 #   scripts/sanitize.sh address   AddressSanitizer + UndefinedBehaviorSanitizer over every unit test
 #                                 (label unit; test_tools runs an instrumented cpfill)
 # Any report fails the run. Build folders: build-tsan, build-asan.
@@ -13,13 +14,13 @@ case $kind in
 thread)
     dir=build-tsan
     san="-fsanitize=thread"
-    targets=(test_runtime test_parallel)
+    targets=(test_runtime test_parallel test_serve)
     ;;
 address)
     dir=build-asan
     san="-fsanitize=address,undefined -fno-sanitize-recover=all"
     targets=(test_core test_io test_runtime test_ops test_model test_parallel test_engine
-             test_tools cpfill)
+             test_serve test_tools cpfill)
     ;;
 *)
     echo "scripts/sanitize.sh: expected thread or address, found '$kind'" >&2
@@ -35,10 +36,11 @@ cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
 
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp"
 if [ "$kind" = thread ]; then
     "$dir/tests/test_runtime"
     "$dir/tests/test_parallel"
+    "$dir/tests/test_serve"
 else
     # CpuEstimateFollowsTheMeasuredGrowth compares the peak RSS with cpu_prefill_bytes, which
     # AddressSanitizer's shadow memory and quarantine inflate: left out here.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
@@ -31,5 +32,10 @@ bool debug_enabled();
 
 // The "error: …" line (without the trailing newline) for an exception that reached main().
 std::string error_line(const std::exception& e);
+
+// "a,b,c" → items (spaces around an item dropped); an empty item is an error naming the option.
+std::vector<std::string> split_list(const std::string& text, const char* option);
+// A positive integer with an optional suffix k (×1024) or M (×1024²): "8k" → 8192.
+int64_t parse_count(const std::string& item, const char* option);
 
 }  // namespace cpfill::tools

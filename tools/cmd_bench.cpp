@@ -17,6 +17,7 @@
 #include "io/presets.h"
 #include "parallel/gpu_prefill.h"
 #include "runtime/device.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 
 namespace cpfill::tools {
@@ -41,42 +42,6 @@ struct BenchArgs {
     int expert_streams = GpuRunOptions{}.expert_streams;
     std::string expert_gemm = GpuRunOptions{}.grouped_experts ? "grouped" : "streams";
 };
-
-// "a,b,c" → items; an empty item is an error naming the option.
-std::vector<std::string> split_list(const std::string& text, const char* option) {
-    std::vector<std::string> items;
-    size_t start = 0;
-    while (true) {
-        const size_t end = text.find(',', start);
-        std::string item = text.substr(start, end == std::string::npos ? end : end - start);
-        item.erase(0, item.find_first_not_of(' '));
-        item.erase(item.find_last_not_of(' ') + 1);
-        CPFILL_CHECK(!item.empty(), "{} \"{}\": empty item in the comma-separated list", option,
-                     text);
-        items.push_back(item);
-        if (end == std::string::npos) return items;
-        start = end + 1;
-    }
-}
-
-// A positive integer with an optional suffix k (×1024) or M (×1024²).
-int64_t parse_count(const std::string& item, const char* option) {
-    int64_t scale = 1;
-    std::string digits = item;
-    const char last = item.back();
-    if (last == 'k' || last == 'K') scale = 1024, digits.pop_back();
-    if (last == 'm' || last == 'M') scale = 1024 * 1024, digits.pop_back();
-    const bool ok =
-        !digits.empty() && digits.size() <= 12 &&
-        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-    CPFILL_CHECK(ok,
-                 "{}: \"{}\" is not a count (expected an integer, optionally with k = 1024 or "
-                 "M = 1048576, e.g. 8k)",
-                 option, item);
-    const int64_t v = std::stoll(digits) * scale;
-    CPFILL_CHECK(v >= 1, "{}: {} must be at least 1", option, item);
-    return v;
-}
 
 TboMode tbo_mode(const std::string& s) {
     return s == "on" ? TboMode::On : s == "auto" ? TboMode::Auto : TboMode::Off;

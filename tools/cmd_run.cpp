@@ -47,6 +47,7 @@ struct RunArgs {
     int64_t chunk = 0;
     std::string kv_out;
     bool json = false;
+    bool no_warmup = false;
     int inject_fault_rank = -1;  // tests: this GPU rank fails at layer 1
 };
 
@@ -69,7 +70,7 @@ void report_fp8_inexact(const PrefillEngine& engine) {
 }
 
 void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& r,
-                const std::vector<std::vector<int32_t>>& requests) {
+                const std::vector<std::vector<int32_t>>& requests, double warmup_s) {
     nlohmann::json j;
     j["requests"] = nlohmann::json::array();
     for (size_t i = 0; i < requests.size(); ++i)
@@ -81,6 +82,7 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     j["chunk"] = a.chunk;
     j["n_tokens"] = r.n_tokens;
     j["timings"] = {{"load_s", engine.load_seconds()},
+                    {"warmup_s", warmup_s},
                     {"ttft_s", r.prefill_seconds},
                     {"tokens_per_s", r.n_tokens / r.prefill_seconds}};
     j["memory"] = {{"rank_weight_bytes", engine.rank_weight_bytes()},
@@ -284,13 +286,23 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     opt.chunk = a.chunk;
     opt.fail_rank = a.inject_fault_rank;
     opt.keep_kv = !a.kv_out.empty();
+    // A short batch first (every rank, as the real one), so that TTFT does not include the thread
+    // pools' start, first-touch page faults or the GPU libraries' lazy set-up.
+    double warmup_s = 0;
+    if (!a.no_warmup) {
+        RunOptions w;
+        w.tbo = opt.tbo;
+        std::vector<int32_t> ids;
+        for (int32_t i = 0; i < 16; ++i) ids.push_back(i % engine.config().vocab_size);
+        warmup_s = engine.run({ids}, w).prefill_seconds;
+    }
     RunResult r = engine.run(requests, opt);
     if (mpi.rank() != 0) return 0;  // rank 0 holds the logits and prints
     check_logits_finite(r, engine.config().vocab_size);
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
     if (!a.kv_out.empty()) write_kv_state(a.kv_out, r.out.kv, engine.config());
     if (a.json) {
-        print_json(a, engine, r, requests);
+        print_json(a, engine, r, requests, warmup_s);
         return 0;
     }
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -300,12 +312,15 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
         fmt::print("request {}: {} tokens, first token {}{}\n", i, requests[i].size(),
                    r.first_tokens[i], text);
     }
-    fmt::print("load {:.3f} s, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO {})\n",
-               engine.load_seconds(), r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
-               a.device == "cuda"
-                   ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
-                   : std::string("CPU fp32"),
-               a.cp, r.out.tbo_used ? "on" : "off");
+    fmt::print(
+        "load {:.3f} s, warm-up {}, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO "
+        "{})\n",
+        engine.load_seconds(), a.no_warmup ? "off" : fmt::format("{:.3f} s", warmup_s),
+        r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
+        a.device == "cuda"
+            ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
+            : std::string("CPU fp32"),
+        a.cp, r.out.tbo_used ? "on" : "off");
     return 0;
 }
 
@@ -347,6 +362,8 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--inject-fault-rank", args->inject_fault_rank,
                   "tests only: this GPU rank fails at layer 1 (checks that its peers stop)")
         ->group("");  // hidden from --help
+    c->add_flag("--no-warmup", args->no_warmup,
+                "time the first batch cold (default: a 16-token warm-up batch runs first)");
     c->add_flag("--json", args->json, "print one JSON object instead of text (docs/cli.md)");
     return [args] { return run(*args); };
 }

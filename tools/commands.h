@@ -14,5 +14,7 @@ Runner add_gen_model_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
 Runner add_demo_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_serve_command(CLI::App& app);
+Runner add_bench_serve_command(CLI::App& app);
 
 }  // namespace cpfill::tools

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     std::map<CLI::App*, Runner> runners;
     for (auto add : {add_run_command, add_gen_model_command, add_inspect_command, add_demo_command,
-                     add_bench_command}) {
+                     add_bench_command, add_serve_command, add_bench_serve_command}) {
         Runner r = add(app);
         runners[app.get_subcommands({}).back()] = r;
     }

@@ -127,6 +127,7 @@ TEST(Cli, JsonOutput) {
     EXPECT_TRUE(j["requests"][0]["first_token"].is_number_integer());
     EXPECT_EQ(j["cp"], 2);
     EXPECT_GT(j["timings"]["ttft_s"].get<double>(), 0.0);
+    EXPECT_GT(j["timings"]["warmup_s"].get<double>(), 0.0);  // a warm-up batch ran first
     EXPECT_GT(j["memory"]["peak_rss_bytes"].get<int64_t>(), 0);
 }
 
