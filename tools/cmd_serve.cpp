@@ -27,6 +27,7 @@ namespace fs = std::filesystem;
 struct ServeArgs {
     std::string model;
     std::string device = "cpu";
+    std::string weights = "auto";
     int cp = 1;
     std::string tbo = "auto";
     int threads = 0;
@@ -179,10 +180,15 @@ int serve_main(const ServeArgs& a) {
     eo.threads = a.threads;
     eo.cp = a.cp;
     eo.cuda = a.device == "cuda";
+    eo.weights = a.weights;
     PrefillEngine engine(a.model, eo);
     const double warmup = warm_up(engine, opts);
     fmt::print(stderr, "serve: ready: load {:.3f} s, warm-up {:.3f} s ({}, CP={})\n",
-               engine.load_seconds(), warmup, a.device == "cuda" ? "CUDA bf16" : "CPU fp32", a.cp);
+               engine.load_seconds(), warmup,
+               a.device == "cuda"
+                   ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
+                   : std::string("CPU fp32"),
+               a.cp);
     serve::ReadyModel ready;
     ready.run = [&engine](const std::vector<std::vector<int32_t>>& prompts, const RunOptions& ro) {
         return engine.run(prompts, ro);
@@ -210,6 +216,9 @@ Runner add_serve_command(CLI::App& app) {
     auto a = std::make_shared<ServeArgs>();
     CLI::App* c = app.add_subcommand("serve", "the resident prefill server (docs/serve.md)");
     c->add_option("--model", a->model, "model folder (config.json + safetensors)")->required();
+    c->add_option("--weights", a->weights,
+                  "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8 or fp4")
+        ->capture_default_str();
     c->add_option("--device", a->device, "cpu, or cuda (one GPU per CP rank)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--cp", a->cp, "context-parallel ranks")->check(CLI::Range(1, 64));

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# cpfill serve on a GPU machine, after scripts/gpu-check.sh built build-gpu: a generated model in
+# the release's formats (upstream names, fp8 linears, fp4 experts; SERVE_PRESET, default tiny),
+# `serve --device cuda` on an ephemeral port, the first request's TTFT against warm ones, and
+# `bench-serve` at 1 and 8 clients. Logs and results under $OUT (or ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+bin=build-gpu/cpfill
+model=$(mktemp -d)/model
+trap 'kill "$pid" 2>/dev/null; rm -rf "$(dirname "$model")"' EXIT
+"$bin" gen-model --preset "${SERVE_PRESET:-tiny}" --names upstream --dtype fp8 --experts fp4 \
+    --out "$model" >"$out/serve-gen.log" 2>&1 || { echo "serve-check: gen-model failed"; exit 1; }
+"$bin" serve --model "$model" --device cuda --port 0 >"$out/serve.out" 2>"$out/serve.log" &
+pid=$!
+port=""
+for _ in $(seq 1 600); do  # the port line comes before the load; at most 60 s
+    port=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$out/serve.out")
+    [ -n "$port" ] && break
+    sleep 0.1
+done
+[ -n "$port" ] || { echo "serve-check: no port line"; cat "$out/serve.log"; exit 1; }
+url=http://127.0.0.1:$port
+for _ in $(seq 1 300); do  # ready within 300 s
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200 ] && break
+    sleep 1
+done
+status=0
+ids=$(python3 -c 'import random; random.seed(1); print(",".join(str(random.randrange(500)) for _ in range(200)))')
+for i in 1 2 3; do  # the first request after the warm-up, then warm ones
+    curl -s -X POST "$url/v1/prefill" -d "{\"input_ids\": [[${ids}]], \"top_logprobs\": 3}" \
+        >"$out/serve-prefill-$i.json" || status=1
+done
+curl -s "$url/metrics" >"$out/serve-metrics.txt" || status=1
+"$bin" bench-serve --url "$url" --concurrency 1,8 --lengths 200,1k --requests 32 \
+    --json "$out/bench-serve.json" >"$out/bench-serve.md" 2>"$out/bench-serve.log" || status=1
+kill -TERM "$pid"
+wait "$pid" || status=1
+grep -h "ready\|error" "$out/serve.log" | head -5
+head -c 400 "$out/serve-prefill-1.json"; echo
+cat "$out/bench-serve.md"
+echo "serve-check: status $status"
+exit $status
