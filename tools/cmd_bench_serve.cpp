@@ -95,6 +95,7 @@ Point run_point(const std::string& host, int port, int64_t length, int concurren
             httplib::Client cli(host, port);
             cli.set_read_timeout(3600, 0);
             cli.set_keep_alive(true);
+            cli.set_tcp_nodelay(true);  // requests go out as headers, then body
             for (int r; (r = next++) < requests;) {
                 const Clock::time_point s = Clock::now();
                 auto res = cli.Post("/v1/prefill", bodies[size_t(r)], "application/json");
