@@ -1,6 +1,7 @@
 // moe_forward: route, then per expert gather → [w1;w3] → SwiGLU → w2 → weighted scatter-add.
 #include "model/moe.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -24,7 +25,7 @@ void run_expert(const Tensor& w13, const Tensor& w2, const ModelConfig& cfg, con
 }  // namespace
 
 void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, const float* y,
-                 const int32_t* tokens, int64_t n, float* out, ThreadPool& pool) {
+                 const int32_t* tokens, int64_t n, float* out, ThreadPool& pool, int32_t* routes) {
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model;
     std::vector<float> logits(n * E), weight(n * K);
@@ -45,6 +46,7 @@ void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, cons
     ops::route(logits.data(), n, E, K, W.gate_bias.defined() ? W.gate_bias.f32() : nullptr,
                hash.empty() ? nullptr : hash.data(), static_cast<float>(cfg.routed_scale),
                idx.data(), weight.data());
+    if (routes) std::copy(idx.begin(), idx.end(), routes);
 
     // Routed experts in expert order (as HF accumulates), then the shared expert.
     std::memset(out, 0, n * D * sizeof(float));

@@ -171,7 +171,15 @@ void RankRunner::stage_y(Sub& s, int li) {
     const int64_t n = s.rows.n(), D = cfg_.d_model, all = s.layout.padded;
     const float* y_all = coll_->finish(Slot::MoeGather, s.index);  // [padded, D] rank-major
     float* partial = coll_->send(Slot::MoeScatter, s.index, n * D);
-    moe_forward(L.moe, L.mlp, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_);
+    std::vector<int32_t> routes(opt_.record_topk && collect_ ? all * cfg_.top_k : 0);
+    moe_forward(L.moe, L.mlp, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_,
+                routes.empty() ? nullptr : routes.data());
+    if (!routes.empty()) {  // rank-major rows → batch order (token t is row (t % C) · n + t / C)
+        const int64_t C = s.layout.cp_size, K = cfg_.top_k;
+        int32_t* dst = collect_->routes[li].data<int32_t>() + s.row_offset * K;
+        for (int64_t t = 0; t < s.layout.n_tokens; ++t)
+            std::copy_n(routes.data() + ((t % C) * n + t / C) * K, K, dst + t * K);
+    }
     coll_->launch(Slot::MoeScatter, s.index, n * D);
 }
 
@@ -253,10 +261,12 @@ PrefillOutput make_prefill_output(const ModelConfig& cfg,
         out.hidden.push_back(Tensor::zeros(DType::F32, {total, cfg.d_model}));
     }
     if (record_topk)
-        for (int i = 0; i < cfg.n_layers; ++i)
+        for (int i = 0; i < cfg.n_layers; ++i) {
             out.topk.push_back(cfg.layer_types[i] == AttnType::CSA
                                    ? Tensor::zeros(DType::I32, {total, cfg.index_topk})
                                    : Tensor());
+            out.routes.push_back(Tensor::zeros(DType::I32, {total, cfg.top_k}));
+        }
     return out;
 }
 

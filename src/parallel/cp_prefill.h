@@ -24,7 +24,7 @@ struct PrefillOptions {
     int threads = 0;          // CPU threads in all (0: all hardware threads), shared by the ranks
     bool all_logits = false;  // logits of every position instead of each request's last
     bool record_hidden = false;  // residual streams after the embedding, each layer, final norm
-    bool record_topk = false;    // indexer selections of CSA layers
+    bool record_topk = false;    // indexer selections of CSA layers and the router's choices
     LocalCommOptions comm;
 };
 
@@ -33,8 +33,9 @@ struct PrefillOutput {
     // record_hidden: n_layers + 2 tensors over all tokens in request order: f32 [T, hc, d_model]
     // after the embedding and after each layer, then f32 [T, d_model] after hc_head + norm.
     std::vector<Tensor> hidden;
-    std::vector<Tensor> topk;  // record_topk: per layer i32 [T, index_topk] (CSA layers only)
-    KvStore kv;                // rank 0's KV store after the last chunk
+    std::vector<Tensor> topk;    // record_topk: per layer i32 [T, index_topk] (CSA layers only)
+    std::vector<Tensor> routes;  // record_topk: per layer i32 [T, top_k], the routed experts
+    KvStore kv;                  // rank 0's KV store after the last chunk
     bool tbo_used = false;
     int64_t n_tokens = 0;
 };

@@ -40,8 +40,8 @@ struct GpuRunOptions {
     TboMode tbo = TboMode::Off;
     bool all_logits = false;
     bool record_hidden = false;  // as PrefillOptions (rank 0's output)
-    bool record_topk = false;
-    bool record_kv = false;  // rank 0's output gets the KV state to export (PrefillOutput::kv)
+    bool record_topk = false;    // indexer selections and router choices (PrefillOutput)
+    bool record_kv = false;      // rank 0's output gets the KV state to export (PrefillOutput::kv)
     // Timing only: every collective is skipped and its receive buffer left as it is, so the
     // result is WRONG; used to measure exposed communication (docs/performance.md).
     bool no_comm = false;

@@ -66,6 +66,7 @@ RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off) {
     PrefillEngine engine(checkpoint_dir(), eo);
     RunOptions o;
     o.all_logits = true;
+    o.record_topk = true;  // the indexer's selections and the router's choices
     o.tbo = tbo;
     return engine.run(requests(), o);
 }
@@ -118,6 +119,45 @@ double row_quantile(const RunResult& got, const RunResult& ref, double q) {
     return e[static_cast<size_t>(q * double(e.size() - 1))];
 }
 
+// The rows (batch order) whose router choices in every layer and indexer selections in every CSA
+// layer are the same sets in both runs.
+std::vector<bool> same_choices(const RunResult& a, const RunResult& b) {
+    const auto same_set = [](const Tensor& x, const Tensor& y, int64_t row) {
+        const int64_t w = x.dim(1);
+        const int32_t* p = x.data<int32_t>() + row * w;
+        return std::is_permutation(p, p + w, y.data<int32_t>() + row * w);
+    };
+    const int64_t T = a.out.routes.at(0).dim(0);
+    std::vector<bool> same(T, true);
+    for (size_t li = 0; li < a.out.routes.size(); ++li)
+        for (int64_t t = 0; t < T; ++t) {
+            if (!same_set(a.out.routes[li], b.out.routes[li], t)) same[t] = false;
+            if (a.out.topk[li].defined() && !same_set(a.out.topk[li], b.out.topk[li], t))
+                same[t] = false;
+        }
+    return same;
+}
+
+// Per row ‖got − ref‖ / ‖ref‖ of the logits, in batch order.
+std::vector<double> row_errors_of(const RunResult& got, const RunResult& ref) {
+    std::vector<double> e;
+    for (size_t r = 0; r < ref.out.logits.size(); ++r) {
+        const Tensor& g = got.out.logits[r];
+        const Tensor& x = ref.out.logits[r];
+        const int64_t V = x.dim(1);
+        for (int64_t t = 0; t < x.dim(0); ++t) {
+            double num = 0, den = 0;
+            for (int64_t i = t * V; i < (t + 1) * V; ++i) {
+                const double d = double(g.f32()[i]) - x.f32()[i];
+                num += d * d;
+                den += double(x.f32()[i]) * x.f32()[i];
+            }
+            e.push_back(std::sqrt(num / den));
+        }
+    }
+    return e;
+}
+
 // ‖got − ref‖ / ‖ref‖ over every logit of every request.
 double overall(const RunResult& got, const RunResult& ref) {
     double num = 0, den = 0;
@@ -153,6 +193,27 @@ TEST(GpuFp8Prefill, StaysWithinFp8RoundingOfTheCpu) {
             "frobenius %.3g\n",
             name, a->argmax, row_quantile(*r, cpu, 0.5), row_quantile(*r, cpu, 0.9),
             row_quantile(*r, cpu, 1.0), overall(*r, cpu));
+    // The issue's measure: the rows whose router and indexer choices agree with the CPU's.
+    // Measured on the H200: bf16 291 of 349 rows, median 0.89%, max 3.8%; fp8 158 rows, median
+    // 6.9%, max 11.6% (the issue asks for 3%: not met, docs/fp8.md). Bounds at a few times that.
+    for (const auto& [name, r, bound] :
+         {std::tuple{"bf16", &bf16, 0.06}, std::tuple{"fp8", &fp8, 0.25}}) {
+        const std::vector<bool> same = same_choices(*r, cpu);
+        const std::vector<double> e = row_errors_of(*r, cpu);
+        std::vector<double> agreeing;
+        for (size_t t = 0; t < e.size(); ++t)
+            if (same[t]) agreeing.push_back(e[t]);
+        std::sort(agreeing.begin(), agreeing.end());
+        std::printf(
+            "[ compare ] %s vs cpu: %zu of %zu rows choose the same experts and entries; their "
+            "row errors median %.3g, max %.3g\n",
+            name, agreeing.size(), e.size(), agreeing.empty() ? 0.0 : agreeing[agreeing.size() / 2],
+            agreeing.empty() ? 0.0 : agreeing.back());
+        EXPECT_GE(agreeing.size(), e.size() / 4) << name;
+        if (!agreeing.empty()) {
+            EXPECT_LE(agreeing.back(), bound) << name;
+        }
+    }
     // fp8 activations round each value to 3 mantissa bits: ~2.4% rms per GEMM input (bf16: 0.2%),
     // through ~8 GEMMs per layer, and the indexer's and router's near-ties flip more often.
     // Measured on this model (H200, docs/fp8.md): argmax agreement 0.854 against bf16's 0.960,

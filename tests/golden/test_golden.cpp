@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/parallel.h"
 #include "golden_util.h"
 #include "io/checkpoint.h"
@@ -88,6 +90,30 @@ TEST_P(Golden, MatchesHfFloat32) {
             for (int64_t t = 0; t < len; ++t)
                 if (testing::topk_sets_differ(ref, out.topk[li], row0, t) && mismatches++ < 3)
                     ADD_FAILURE() << name << " query " << t << ": HF's and our selections differ";
+            EXPECT_EQ(mismatches, 0) << name;
+        }
+        // Router choices (PrefillOutput::routes), compared as sets per token.
+        for (int li = 0; li < cfg.n_layers; ++li) {
+            const std::string name = fmt::format("router_indices_{}{}", li, sfx);
+            if (!f.ref->has(name)) continue;
+            const Tensor ref = f.ref->get(name);
+            ASSERT_EQ(ref.numel(), len * cfg.top_k) << name;
+            const auto id = [](const Tensor& t, int64_t i) {
+                return t.dtype() == DType::I64 ? t.data<int64_t>()[i]
+                                               : int64_t{t.data<int32_t>()[i]};
+            };
+            int64_t mismatches = 0;
+            for (int64_t t = 0; t < len; ++t) {
+                std::vector<int64_t> a, b;
+                for (int k = 0; k < cfg.top_k; ++k) {
+                    a.push_back(out.routes[li].data<int32_t>()[(row0 + t) * cfg.top_k + k]);
+                    b.push_back(id(ref, t * cfg.top_k + k));
+                }
+                std::sort(a.begin(), a.end());
+                std::sort(b.begin(), b.end());
+                if (a != b && mismatches++ < 3)
+                    ADD_FAILURE() << name << " token " << t << ": HF's and our experts differ";
+            }
             EXPECT_EQ(mismatches, 0) << name;
         }
     }

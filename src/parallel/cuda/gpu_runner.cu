@@ -108,6 +108,7 @@ class Runner {
     void record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
                      bool widen_bf16);
     void record_kv_tails(SubState& s, int li, const bf16* stage);
+    void record_routes(SubState& s, int li);
     void download_kv();
 
     RankDevice& dev_;
@@ -265,6 +266,20 @@ void Runner::stage_y(SubState& s, int li) {
     gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], s.recv[kMoeGather], s.padded, s.route,
                     ws_.moe, s.send[kScatter]);
     launch(kScatter, s, s.n * cfg_.d_model, ncclBfloat16);
+    if (opt_.record_topk && out_) record_routes(s, li);
+}
+
+// The router's choices of every row (each rank routes all rows: rank 0's, rank-major) into
+// out_->routes[li] in batch order. Rank 0 only (out_ is null elsewhere).
+void Runner::record_routes(SubState& s, int li) {
+    const int64_t K = cfg_.top_k, C = dev_.cp;
+    std::vector<int32_t> host(s.padded * K);
+    CPFILL_CUDA_CHECK(cudaMemcpyAsync(host.data(), s.route.idx, host.size() * 4,
+                                      cudaMemcpyDeviceToHost, dev_.compute));
+    wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "recording the router's choices");
+    int32_t* dst = out_->routes[li].data<int32_t>() + s.row_offset * K;
+    for (int64_t t = 0; t < s.layout.n_tokens; ++t)
+        std::copy_n(host.data() + ((t % C) * s.n + t / C) * K, K, dst + t * K);
 }
 
 void Runner::finish_moe(SubState& s, int li) {
