@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -89,8 +90,40 @@ TEST(Cli, GenInspectRunRoundTrip) {
     EXPECT_NE(i2.out.find("host memory to load with --cp 2: CPU backend"), std::string::npos)
         << i2.out;
     EXPECT_NE(i2.out.find("per process under mpirun"), std::string::npos) << i2.out;
+    // The GPU's weights per rank in each format: auto means fp4 experts for this checkpoint, and
+    // fp4 experts take less than fp8, fp8 less than bf16 (numbers of model/weight_bytes.h).
+    EXPECT_NE(i.out.find("--weights auto: fp4"), std::string::npos) << i.out;
+    EXPECT_NE(i.out.find("--cp 1: bf16"), std::string::npos) << i.out;
     Result r = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6,7,8,9");
     EXPECT_EQ(r.code, 0) << r.out;
+    // --weights is for the GPUs: the CPU backend refuses anything but auto, naming why.
+    Result w = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6 --weights fp8");
+    EXPECT_EQ(w.code, 1) << w.out;
+    EXPECT_NE(w.out.find("--weights fp8: the CPU backend computes in fp32"), std::string::npos)
+        << w.out;
+}
+
+TEST(Cli, InspectPresetNeedsNoCheckpoint) {
+    Result r = run_cli("inspect --preset flash --cp 2");
+    ASSERT_EQ(r.code, 0) << r.out;
+    // "--cp 2: bf16 X GiB, fp8 Y GiB, fp8 + fp4 experts Z GiB": X > Y > Z, and V4-Flash in the
+    // release's formats fits an H200 (139 GiB usable) at --cp 2 (docs/fp8.md).
+    const size_t at = r.out.find("--cp 2: bf16 ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    double bf16 = 0, fp8 = 0, fp4 = 0;
+    ASSERT_EQ(std::sscanf(r.out.c_str() + at,
+                          "--cp 2: bf16 %lf GiB, fp8 %lf GiB, fp8 + fp4 experts %lf GiB", &bf16,
+                          &fp8, &fp4),
+              3)
+        << r.out;
+    EXPECT_GT(bf16, fp8);
+    EXPECT_GT(fp8, fp4);
+    EXPECT_LT(fp4, 139.0);
+    EXPECT_GT(fp8, 139.0);  // with fp8 experts it does not
+    Result none = run_cli("inspect");
+    EXPECT_EQ(none.code, 1) << none.out;
+    EXPECT_NE(none.out.find("--model DIR (a checkpoint) or --preset NAME"), std::string::npos)
+        << none.out;
 }
 
 TEST(Cli, KvExportAfterOnePassEqualsAfterChunks) {

@@ -42,6 +42,7 @@ TEST(CmdBench, BadArgumentsNameTheCulprit) {
     expect_error("--repeat 0", {"--repeat 0"});
     expect_error("--warmup -1", {"--warmup -1"});
     expect_error("--layers 0", {"--layers 0"});
+    expect_error("--weights bf16,fp16", {"--weights fp16", "bf16, fp8 or fp4"});
 }
 
 TEST(CmdBench, UnknownOptionIsAUsageError) {
