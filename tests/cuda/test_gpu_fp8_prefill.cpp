@@ -97,28 +97,6 @@ Agreement compare(const RunResult& got, const RunResult& ref, double tol) {
     return a;
 }
 
-// Per token row: ‖got − ref‖ / ‖ref‖ of its logits; the quantile q of those over all rows (a
-// median is blind to the few rows whose routing flipped, whose error is O(1)).
-double row_quantile(const RunResult& got, const RunResult& ref, double q) {
-    std::vector<double> e;
-    for (size_t r = 0; r < ref.out.logits.size(); ++r) {
-        const Tensor& g = got.out.logits[r];
-        const Tensor& x = ref.out.logits[r];
-        const int64_t V = x.dim(1);
-        for (int64_t t = 0; t < x.dim(0); ++t) {
-            double num = 0, den = 0;
-            for (int64_t i = t * V; i < (t + 1) * V; ++i) {
-                const double d = double(g.f32()[i]) - x.f32()[i];
-                num += d * d;
-                den += double(x.f32()[i]) * x.f32()[i];
-            }
-            e.push_back(std::sqrt(num / den));
-        }
-    }
-    std::sort(e.begin(), e.end());
-    return e[static_cast<size_t>(q * double(e.size() - 1))];
-}
-
 // The rows (batch order) whose router choices in every layer and indexer selections in every CSA
 // layer are the same sets in both runs.
 std::vector<bool> same_choices(const RunResult& a, const RunResult& b) {
@@ -156,6 +134,14 @@ std::vector<double> row_errors_of(const RunResult& got, const RunResult& ref) {
         }
     }
     return e;
+}
+
+// The quantile q of the per-row errors (row_errors_of) over all rows (a median is blind to the
+// few rows whose routing flipped, whose error is O(1)).
+double row_quantile(const RunResult& got, const RunResult& ref, double q) {
+    std::vector<double> e = row_errors_of(got, ref);
+    std::sort(e.begin(), e.end());
+    return e[static_cast<size_t>(q * double(e.size() - 1))];
 }
 
 // ‖got − ref‖ / ‖ref‖ over every logit of every request.
