@@ -64,34 +64,17 @@ void PrefillServer::log_request(const std::string& endpoint, uint64_t id, int st
                status == 200 ? total_s * 1e3 : 0.0, status);
 }
 
-void PrefillServer::handle_prefill(const httplib::Request& req, httplib::Response& res) {
+// One request: its id, the body (which sets the prompt tokens and the batch's result as it gets
+// them), HttpError or any other failure as the JSON error reply, and the log line.
+void PrefillServer::serve_request(const char* endpoint, httplib::Response& res,
+                                  const RequestBody& body) {
     const Clock::time_point t0 = Clock::now();
     const uint64_t id = next_id_++;
     int status = 200;
     int64_t tokens = 0;
     std::optional<JobResult> job;
     try {
-        std::shared_ptr<Scheduler> sched = scheduler_or_503();
-        const PrefillRequest pr = parse_prefill_request(req.body, opt_.limits, opt_.tokenize);
-        tokens = count_tokens(pr.prompts);
-        if (!pr.kv_out.empty()) check_kv_out(pr.kv_out, opt_.model_dir);
-        const bool keep_kv = !pr.kv_out.empty() || pr.return_kv;
-        job = sched->submit(job_spec(req, pr.prompts, false, keep_kv)).get();
-        if (job->status != 200) throw HttpError(job->status, job->error_type, job->error_message);
-        std::vector<std::string> kv_files;
-        std::optional<KvTempDir> tmp;
-        try {
-            if (!pr.kv_out.empty()) write_kv_state(pr.kv_out, job->kv, opt_.cfg);
-            if (pr.return_kv) {
-                tmp.emplace(job->kv, opt_.cfg);
-                kv_files = tmp->files();
-            }
-        } catch (const std::exception& e) {
-            throw HttpError(500, "server_error",
-                            fmt::format("writing the KV state failed: {}", e.what()));
-        }
-        Timings t{job->queue_seconds * 1e3, job->prefill_seconds * 1e3, seconds_since(t0) * 1e3};
-        reply(res, 200, prefill_response(pr, *job, opt_.detokenize, t, kv_files));
+        body(id, t0, tokens, job);
     } catch (const HttpError& e) {
         status = e.status();
         reply_error(res, e);
@@ -99,32 +82,54 @@ void PrefillServer::handle_prefill(const httplib::Request& req, httplib::Respons
         status = 500;
         reply_error(res, HttpError(500, "server_error", e.what()));
     }
-    log_request("prefill", id, status, tokens, job ? &*job : nullptr, seconds_since(t0));
+    log_request(endpoint, id, status, tokens, job ? &*job : nullptr, seconds_since(t0));
+}
+
+void PrefillServer::handle_prefill(const httplib::Request& req, httplib::Response& res) {
+    serve_request(
+        "prefill", res,
+        [&](uint64_t, Clock::time_point t0, int64_t& tokens, std::optional<JobResult>& job) {
+            std::shared_ptr<Scheduler> sched = scheduler_or_503();
+            const PrefillRequest pr = parse_prefill_request(req.body, opt_.limits, opt_.tokenize);
+            tokens = count_tokens(pr.prompts);
+            if (!pr.kv_out.empty()) check_kv_out(pr.kv_out, opt_.model_dir);
+            const bool keep_kv = !pr.kv_out.empty() || pr.return_kv;
+            job = sched->submit(job_spec(req, pr.prompts, false, keep_kv)).get();
+            if (job->status != 200)
+                throw HttpError(job->status, job->error_type, job->error_message);
+            std::vector<std::string> kv_files;
+            std::optional<KvTempDir> tmp;
+            try {
+                if (!pr.kv_out.empty()) write_kv_state(pr.kv_out, job->kv, opt_.cfg);
+                if (pr.return_kv) {
+                    tmp.emplace(job->kv, opt_.cfg);
+                    kv_files = tmp->files();
+                }
+            } catch (const std::exception& e) {
+                throw HttpError(500, "server_error",
+                                fmt::format("writing the KV state failed: {}", e.what()));
+            }
+            Timings t{job->queue_seconds * 1e3, job->prefill_seconds * 1e3,
+                      seconds_since(t0) * 1e3};
+            reply(res, 200, prefill_response(pr, *job, opt_.detokenize, t, kv_files));
+        });
 }
 
 void PrefillServer::handle_completions(const httplib::Request& req, httplib::Response& res) {
-    const Clock::time_point t0 = Clock::now();
-    const uint64_t id = next_id_++;
-    int status = 200;
-    int64_t tokens = 0;
-    std::optional<JobResult> job;
-    try {
-        std::shared_ptr<Scheduler> sched = scheduler_or_503();
-        const CompletionRequest cr = parse_completion_request(req.body, opt_.limits, opt_.tokenize);
-        tokens = count_tokens(cr.prompts);
-        job = sched->submit(job_spec(req, cr.prompts, cr.all_logits(), false)).get();
-        if (job->status != 200) throw HttpError(job->status, job->error_type, job->error_message);
-        reply(res, 200,
-              completion_response(cr, *job, opt_.detokenize, opt_.model_id,
-                                  fmt::format("cmpl-{}", id), int64_t(std::time(nullptr))));
-    } catch (const HttpError& e) {
-        status = e.status();
-        reply_error(res, e);
-    } catch (const std::exception& e) {
-        status = 500;
-        reply_error(res, HttpError(500, "server_error", e.what()));
-    }
-    log_request("completions", id, status, tokens, job ? &*job : nullptr, seconds_since(t0));
+    serve_request(
+        "completions", res,
+        [&](uint64_t id, Clock::time_point, int64_t& tokens, std::optional<JobResult>& job) {
+            std::shared_ptr<Scheduler> sched = scheduler_or_503();
+            const CompletionRequest cr =
+                parse_completion_request(req.body, opt_.limits, opt_.tokenize);
+            tokens = count_tokens(cr.prompts);
+            job = sched->submit(job_spec(req, cr.prompts, cr.all_logits(), false)).get();
+            if (job->status != 200)
+                throw HttpError(job->status, job->error_type, job->error_message);
+            reply(res, 200,
+                  completion_response(cr, *job, opt_.detokenize, opt_.model_id,
+                                      fmt::format("cmpl-{}", id), int64_t(std::time(nullptr))));
+        });
 }
 
 }  // namespace cpfill::serve

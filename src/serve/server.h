@@ -5,8 +5,10 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -67,6 +69,11 @@ class PrefillServer {
 
   private:
     void add_routes();
+    // The frame of every request handler (handlers.cpp serve_request): the body gets the request's
+    // id and arrival time, and sets its prompt tokens and the batch's result for the log line.
+    using RequestBody = std::function<void(uint64_t id, Clock::time_point t0, int64_t& tokens,
+                                           std::optional<JobResult>& job)>;
+    void serve_request(const char* endpoint, httplib::Response& res, const RequestBody& body);
     void handle_prefill(const httplib::Request& req, httplib::Response& res);
     void handle_completions(const httplib::Request& req, httplib::Response& res);
     void handle_metrics(httplib::Response& res);
