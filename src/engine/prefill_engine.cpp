@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 #include "core/host_memory.h"
 #include "core/parallel.h"
 #include "io/checkpoint.h"
+#include "io/progress.h"
 #include "model/batch.h"
 
 namespace cpfill {
@@ -117,9 +120,21 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
     go.cp = options_.cp;
     go.weights = format_;
     gpu_ = std::make_unique<GpuGroup>(go);
-    // Under mpirun (local ranks given) only this process's ranks; otherwise all of them. The
-    // top-level tensors first, then one layer at a time: read into host fp32, uploaded, dropped,
-    // so that host memory holds one layer of the local ranks, not the model (docs/loading.md).
+    // Under mpirun (local ranks given) only this process's ranks; otherwise all of them. From
+    // the stored bytes: read ahead into pinned memory, decoded on the GPUs (docs/loading.md).
+    // CPFILL_UPLOAD=host takes the older way instead (each layer read into host fp32 and
+    // uploaded), for comparison.
+    const char* way = std::getenv("CPFILL_UPLOAD");
+    if (!way || std::string(way) != "host") {
+        size_t total = 0;
+        for (const WeightSpec& spec : ckpt.specs().all()) total += ckpt.stored(spec.name).bytes;
+        Progress bar("loading", total, load.progress);
+        load_bytes_ = gpu_->load_stored(ckpt, load.threads, &bar);
+        rank_bytes_ = 0;  // no host weights
+        return;
+    }
+    // The top-level tensors first, then one layer at a time: read into host fp32, uploaded,
+    // dropped, so that host memory holds one layer of the local ranks, not the model.
     const LoadStats stats =
         load_rank_weights_in_parts(ckpt, options_.cp, load, options_.gpu.local_ranks,
                                    [&](int part, const std::vector<ModelWeights>& host) {

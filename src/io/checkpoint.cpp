@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 namespace cpfill {
 
@@ -389,6 +390,33 @@ void Checkpoint::read_f32_block(const std::string& canonical, int64_t r0, int64_
                  "(seen as [{}, {}])",
                  canonical, r0, r1, c0, c1, shape_str(spec.shape), rows, cols);
     read_block(spec, locate(spec), r0, r1, c0, c1, dst);
+}
+
+StoredSlab Checkpoint::slab(const std::string& canonical) const {
+    const WeightSpec& spec = specs_.at(canonical);
+    const Located loc = locate(spec);
+    CPFILL_CHECK(loc.fmt != Format::Int, "tensor {} holds integers: use get_i64", canonical);
+    StoredSlab out;
+    out.w_view = files_->get(loc.name);
+    if (!loc.scale.empty()) out.s_view = files_->get(loc.scale);
+    const Slab sl = make_slab(loc.fmt, dims_2d(spec.shape).second, out.w_view, out.s_view,
+                              loc.expert, loc.scale);
+    out.kind = loc.fmt == Format::Fp8   ? StoredSlab::Kind::Fp8
+               : loc.fmt == Format::Fp4 ? StoredSlab::Kind::Fp4
+                                        : StoredSlab::Kind::Float;
+    out.dtype = sl.dtype;
+    std::tie(out.rows, out.cols) = dims_2d(spec.shape);
+    out.row_bytes = sl.row_bytes;
+    out.w = sl.w + loc.row_off * sl.row_bytes;
+    if (sl.s) {
+        out.s = sl.s;
+        out.sdtype = sl.sdtype;
+        out.s_cols = sl.scols;
+        out.s_row_off = loc.row_off;
+        out.row_block = loc.fmt == Format::Fp8 ? kFp8Block : 1;
+        out.col_block = loc.fmt == Format::Fp8 ? kFp8Block : kFp4Block;
+    }
+    return out;
 }
 
 bool Checkpoint::has(const std::string& canonical) const {

@@ -30,6 +30,30 @@ struct StoredWeight {
     size_t bytes = 0;  // bytes of this weight alone (its slice of a stacked tensor), scales incl.
 };
 
+// The stored bytes of one weight seen as a 2-D slab [rows, cols] (logical columns; packed fp4
+// holds two per byte), for loaders that move stored bytes and decode them elsewhere (the GPU
+// upload: model/cuda/stored_upload.h). Row r starts at w + r · row_bytes. For block-quantised
+// weights the scale of element (r, c) is s[(r + s_row_off) / row_block][c / col_block] (rows of
+// s_cols scales of sdtype: E8M0 bytes, or F32 powers of two); s_row_off is the w1 half that the
+// w3 half of a stacked gate_up_proj skips in the scale tensor the two share.
+struct StoredSlab {
+    enum class Kind { Float, Fp8, Fp4 };
+    Kind kind = Kind::Float;
+    DType dtype = DType::F32;  // Float: F32, BF16 or F16; Fp8: F8_E4M3; Fp4: I8 or U8
+    int64_t rows = 0, cols = 0, row_bytes = 0;
+    const uint8_t* w = nullptr;
+    const uint8_t* s = nullptr;  // null when not block-quantised
+    DType sdtype = DType::F8_E8M0;
+    int64_t s_cols = 0, s_row_off = 0, row_block = 1, col_block = 1;
+    Tensor w_view, s_view;  // the stored tensors the pointers point into (kept alive)
+    int64_t scale_row_bytes() const { return s_cols * static_cast<int64_t>(dtype_size(sdtype)); }
+    // The scale rows [first, last) that slab rows [r0, r1) use (empty without scales).
+    std::pair<int64_t, int64_t> scale_rows(int64_t r0, int64_t r1) const {
+        if (!s || r0 >= r1) return {0, 0};
+        return {(r0 + s_row_off) / row_block, (r1 - 1 + s_row_off) / row_block + 1};
+    }
+};
+
 class Checkpoint {
   public:
     // `dir`: a folder with config.json and the safetensors files.
@@ -56,6 +80,10 @@ class Checkpoint {
     // block of the getters above and of the parallel loader (model/weights.h); thread-safe.
     void read_f32_block(const std::string& canonical, int64_t r0, int64_t r1, int64_t c0,
                         int64_t c1, float* dst) const;
+    // Where weight `canonical` is stored, as a slab (float or quantised weights; not tid2eid). A
+    // loader that decodes the bytes itself and finds a bad element reads that element with
+    // read_f32_block, which throws the error the host loader gives (non-finite value, bad scale).
+    StoredSlab slab(const std::string& canonical) const;
     // An integer table (tid2eid) as I64; accepts I64 or I32 storage; values checked in [0, E).
     Tensor get_i64(const std::string& canonical) const;
 

@@ -23,6 +23,9 @@
 
 namespace cpfill {
 
+class Checkpoint;
+class Progress;
+
 using NcclId = std::array<char, 128>;  // ncclUniqueId's bytes
 
 struct GpuGroupOptions {
@@ -128,6 +131,12 @@ class GpuGroup {
     // the top-level tensors; load_layer uploads layer `layer` of each rank's view.
     void load_top(const std::vector<const ModelWeights*>& rank_weights);
     void load_layer(int layer, const std::vector<const ModelWeights*>& rank_weights);
+    // Every local rank's weights straight from the checkpoint's stored bytes, after the same fit
+    // check as load_top: `threads` threads read ahead into pinned host memory, each GPU copies
+    // its part as stored and decodes it (docs/loading.md, "GPU upload from stored bytes"; no host
+    // f32; the same device weights as load_top + load_layer). Returns the stored bytes read;
+    // `bar` (may be null) counts them.
+    size_t load_stored(const Checkpoint& ck, int threads, Progress* bar);
     // Random weights (in the group's format) generated on each GPU (benchmarks: nothing to read or
     // upload): scaled like random_checkpoint (io/random_checkpoint.h), expert slices of the rank's
     // part.

@@ -1,6 +1,8 @@
 // GpuWeights: upload from host fp32 weights, or generation on the device, both walking the weight
 // table (io/weight_specs.h).
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "core/dtype.h"
@@ -8,12 +10,16 @@
 #include "model/weight_bytes.h"
 #include "ops/cuda/fp4.h"
 #include "ops/cuda/fp8.h"
+#include "ops/cuda/stored_decode.h"
 #include "ops/rope.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::cuda {
 
 namespace {
+
+// Writes matrix e of a weight as device f32 into its second argument (a staging buffer).
+using MatrixSource = std::function<void(int64_t e, float* dev)>;
 
 // Uniform in [mean − √3·std, mean + √3·std] (the normal's mean and deviation), from a counter hash.
 __device__ inline float hashed_uniform(uint64_t seed, uint64_t i) {
@@ -162,6 +168,124 @@ DeviceBuffer& gpu_top_slot(GpuWeights& g, const WeightSpec& spec) {
     CPFILL_FAIL("weight {}: no top-level GPU field for its slot", spec.name);
 }
 
+// Device f32 (or a plain copy) of a weight's stored bytes, through the StoredReader: each piece
+// is copied to a device staging buffer (only the columns asked for, widened to whole scale
+// blocks and bytes) and decoded there. A bad element is read again on the host, whose loader
+// gives its error (a non-finite value, a scale that is not a power of two).
+class StoredFill {
+  public:
+    StoredFill(const Checkpoint& ck, StoredReader& rd) : ck_(ck), rd_(rd) {
+        CPFILL_CUDA_CHECK(cudaMalloc(&bad_, sizeof(*bad_)));
+    }
+    ~StoredFill() { cudaFree(bad_); }
+    StoredFill(const StoredFill&) = delete;
+    StoredFill& operator=(const StoredFill&) = delete;
+
+    const StoredSlab& slab(const std::string& name) { return rd_.slab(name); }
+    Tensor i64(const std::string& name) const { return ck_.get_i64(name); }
+
+    // Rows [r0, r1) × columns [c0, c1) of weight `name` (seen as 2-D) → dst, device f32 with
+    // c1 − c0 per row.
+    void f32(const std::string& name, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* dst) {
+        const StoredSlab& sl = slab(name);
+        CPFILL_CHECK(0 <= c0 && c0 <= c1 && c1 <= sl.cols,
+                     "weight {}: columns [{}, {}) of {}", name, c0, c1, sl.cols);
+        ops::cuda::reset_bad(bad_, nullptr);
+        using K = StoredSlab::Kind;
+        const bool fp4 = sl.kind == K::Fp4;
+        const int64_t es = sl.kind == K::Float ? static_cast<int64_t>(dtype_size(sl.dtype)) : 1;
+        const int64_t col0 = fp4 ? c0 & ~int64_t{1} : c0;
+        const int64_t b0 = fp4 ? col0 / 2 : c0 * es, b1 = fp4 ? (c1 + 1) / 2 : c1 * es;
+        const int64_t ssize = sl.sdtype == DType::F32 ? 4 : 1;
+        const int64_t sc0 = sl.s ? c0 / sl.col_block : 0;
+        const int64_t sc1 = sl.s && c1 > c0 ? (c1 - 1) / sl.col_block + 1 : sc0;
+        rd_.read(name, r0, r1, [&](const PieceBytes& p) {
+            const int64_t a = std::max(r0, p.r0), b = std::min(r1, p.r1);
+            if (a >= b || c0 == c1) return;
+            const size_t wbytes = static_cast<size_t>((b1 - b0) * (b - a));
+            const size_t soff = (wbytes + 255) / 256 * 256;
+            const auto [s0, s1] = sl.scale_rows(a, b);
+            const size_t need = soff + static_cast<size_t>((s1 - s0) * (sc1 - sc0) * ssize);
+            if (raw_.bytes() < need) raw_ = DeviceBuffer(std::max(need, rd_.slot_bytes()));
+            ops::cuda::StagedSlab st;
+            st.kind = sl.kind == K::Fp8   ? ops::cuda::StagedSlab::Fp8
+                      : fp4               ? ops::cuda::StagedSlab::Fp4
+                      : sl.dtype == DType::BF16 ? ops::cuda::StagedSlab::BF16
+                      : sl.dtype == DType::F16  ? ops::cuda::StagedSlab::F16
+                                                : ops::cuda::StagedSlab::F32;
+            st.w = raw_.as<uint8_t>();
+            st.w_pitch = b1 - b0;
+            st.w_row0 = a;
+            st.w_col0 = col0;
+            copy_2d(raw_.as<uint8_t>(), b1 - b0, p.w + (a - p.r0) * sl.row_bytes + b0,
+                    sl.row_bytes, b1 - b0, b - a);
+            if (sl.s) {
+                const int64_t ps0 = sl.scale_rows(p.r0, p.r1).first, srb = sl.scale_row_bytes();
+                st.s = raw_.as<uint8_t>() + soff;
+                st.s_f32 = ssize == 4;
+                st.s_pitch = (sc1 - sc0) * ssize;
+                st.s_row0 = s0;
+                st.s_col0 = sc0;
+                st.s_row_off = sl.s_row_off;
+                st.row_block = sl.row_block;
+                st.col_block = sl.col_block;
+                copy_2d(raw_.as<uint8_t>() + soff, st.s_pitch, p.s + (s0 - ps0) * srb + sc0 * ssize,
+                        srb, st.s_pitch, s1 - s0);
+            }
+            // The piece is on the device once the copies are done: its slot may be reused.
+            CPFILL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+            ops::cuda::decode_stored(st, a, b, c0, c1, sl.cols, dst + (a - r0) * (c1 - c0),
+                                     c1 - c0, bad_, nullptr);
+        });
+        check(name, sl.cols);
+    }
+    // The whole weight `name` into dst as bf16 or f32 (n values) when it is stored so: a copy,
+    // checked for non-finite values. False (nothing done) when it is stored otherwise.
+    bool copy(const std::string& name, void* dst, bool bf16, int64_t n) {
+        const StoredSlab& sl = slab(name);
+        if (sl.kind != StoredSlab::Kind::Float || sl.dtype != (bf16 ? DType::BF16 : DType::F32))
+            return false;
+        CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU", name,
+                     sl.rows * sl.cols, n);
+        ops::cuda::reset_bad(bad_, nullptr);
+        rd_.read(name, 0, sl.rows, [&](const PieceBytes& p) {
+            CPFILL_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + p.r0 * sl.row_bytes, p.w,
+                                              static_cast<size_t>((p.r1 - p.r0) * sl.row_bytes),
+                                              cudaMemcpyHostToDevice, nullptr));
+            CPFILL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+        });
+        ops::cuda::check_finite(dst, bf16, n, bad_, nullptr);
+        check(name, sl.cols);
+        return true;
+    }
+
+  private:
+    static void copy_2d(uint8_t* dst, int64_t dpitch, const uint8_t* src, int64_t spitch,
+                        int64_t width, int64_t height) {
+        if (width <= 0 || height <= 0) return;
+        CPFILL_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dpitch), src,
+                                            static_cast<size_t>(spitch), static_cast<size_t>(width),
+                                            static_cast<size_t>(height), cudaMemcpyHostToDevice,
+                                            nullptr));
+    }
+    // Throws the host loader's error for the first bad element the GPU found, if any.
+    void check(const std::string& name, int64_t cols) {
+        unsigned long long bad = 0;
+        CPFILL_CUDA_CHECK(cudaMemcpy(&bad, bad_, sizeof(bad), cudaMemcpyDeviceToHost));
+        if (bad == ~0ull) return;
+        const int64_t r = static_cast<int64_t>(bad) / cols, c = static_cast<int64_t>(bad) % cols;
+        float v = 0;
+        ck_.read_f32_block(name, r, r + 1, c, c + 1, &v);  // throws the host's error for it
+        CPFILL_FAIL("{}: weight {} element [{}, {}]: {} on the host but not finite as decoded on "
+                    "the GPU",
+                    ck_.dir(), name, r, c, v);
+    }
+    const Checkpoint& ck_;
+    StoredReader& rd_;
+    DeviceBuffer raw_;
+    unsigned long long* bad_ = nullptr;
+};
+
 // Builds device tensors at the table's GPU storage (model/weight_bytes.h): from host f32 (checked
 // against the rank's element count) or at random from the table's distribution, generated on the
 // device from (seed, tensor name), so the same seed gives the same weights on every rank (and the
@@ -189,64 +313,79 @@ class Builder {
         }
         g_->bytes += dst.bytes();
     }
+    // `n` values of weight `name` at its GPU dtype from the checkpoint's stored bytes.
+    void fill_stored(DeviceBuffer& dst, DType dtype, int64_t n, const std::string& name,
+                     StoredFill& sf) {
+        const bool bf16 = dtype == DType::BF16;
+        dst = DeviceBuffer(n * (bf16 ? 2 : 4));
+        if (!sf.copy(name, dst.as<void>(), bf16, n)) {
+            const StoredSlab& sl = sf.slab(name);
+            CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU",
+                         name, sl.rows * sl.cols, n);
+            if (bf16) {
+                DeviceBuffer f(n * 4);
+                sf.f32(name, 0, sl.rows, 0, sl.cols, f.as<float>());
+                ops::cuda::f32_to_bf16(f.as<float>(), dst.as<void>(), n, nullptr);
+                CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before f is freed
+            } else {
+                sf.f32(name, 0, sl.rows, 0, sl.cols, dst.as<float>());
+            }
+        }
+        g_->bytes += dst.bytes();
+    }
     // Weight `spec` of a rank with expert slice `slice` (not a matrix of GpuLayer).
     void operator()(DeviceBuffer& dst, const WeightSpec& spec, const ModelConfig& cfg,
                     ExpertSlice slice, const Tensor* host) {
         fill(dst, gpu_dtype(spec), rank_numel(spec, cfg, slice), spec.name, host, spec.init);
     }
     // `count` matrices [rows, cols] stored as `st`, named `name` (its random stream runs on over
-    // the matrices); matrix e from host_of(e) (f32 [rows · cols]) when from_host, else at random.
-    // Fp8Row matrices are first tried as Fp8Tile (fewer scales, GEMMs 1.3× faster: docs/fp8.md),
-    // and kept so when every value came out exact.
-    template <class HostOf>
+    // the matrices); matrix e written as device f32 by src(e, staging), or at random when src is
+    // empty. Fp8Row matrices are first tried as Fp8Tile (fewer scales, GEMMs 1.3× faster:
+    // docs/fp8.md), and kept so when every value came out exact.
     void matrix(GpuMatrix& m, GpuStorage st, int64_t count, int64_t rows, int64_t cols,
-                const std::string& name, WeightInit init, bool from_host, HostOf host_of) {
-        if (st == GpuStorage::Fp8Row && !from_host) {
+                const std::string& name, WeightInit init, const MatrixSource& src) {
+        if (st == GpuStorage::Fp8Row && !src) {
             // Random weights are defined by their rounding (the values the release would ship):
             // tiles, nothing counted.
-            store(m, GpuStorage::Fp8Tile, count, rows, cols, name, init, false, host_of);
+            store(m, GpuStorage::Fp8Tile, count, rows, cols, name, init, src);
             return;
         }
         if (st == GpuStorage::Fp8Row) {
             const unsigned long long before = inexact();
             const size_t bytes = g_->bytes;
             const uint64_t values = g_->fp8_values;
-            store(m, GpuStorage::Fp8Tile, count, rows, cols, name, init, from_host, host_of);
+            store(m, GpuStorage::Fp8Tile, count, rows, cols, name, init, src);
             if (inexact() == before) return;
             set_inexact(before);  // not exact in tiles: (row, 128) blocks instead
             g_->bytes = bytes;
             g_->fp8_values = values;
         }
-        store(m, st, count, rows, cols, name, init, from_host, host_of);
+        store(m, st, count, rows, cols, name, init, src);
     }
-    template <class HostOf>
     void store(GpuMatrix& m, GpuStorage st, int64_t count, int64_t rows, int64_t cols,
-               const std::string& name, WeightInit init, bool from_host, HostOf host_of) {
+               const std::string& name, WeightInit init, const MatrixSource& src) {
         m.storage = st;
         m.rows = rows;
         m.cols = cols;
         const int64_t per = rows * cols;
-        const auto host_matrix = [&](int64_t e) {
-            const Tensor* t = host_of(e);
-            CPFILL_CHECK(t && t->numel() == per, "weight {}: {} values on the host, expected {}",
-                         name, t ? t->numel() : 0, per);
-            return t->f32();
-        };
         if (st == GpuStorage::Bf16) {
-            if (from_host) {
-                std::vector<float> all(count * per);
-                for (int64_t e = 0; e < count; ++e)
-                    std::copy(host_matrix(e), host_matrix(e) + per, all.begin() + e * per);
-                m.data = upload_bf16(all.data(), all.size());
+            m.data = DeviceBuffer(count * per * 2);
+            if (src) {
+                DeviceBuffer staging(per * 4);
+                for (int64_t e = 0; e < count; ++e) {
+                    src(e, staging.as<float>());
+                    ops::cuda::f32_to_bf16(staging.as<float>(), m.data.as<uint8_t>() + e * per * 2,
+                                           per, nullptr);
+                }
+                CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before the staging is freed
             } else {
-                m.data = DeviceBuffer(count * per * 2);
                 random(m.data.as<void>(), true, count * per, name, init, 0);
             }
             g_->bytes += m.data.bytes();
             return;
         }
         if (st == GpuStorage::Fp4) {
-            store_fp4(m, count, rows, cols, name, init, from_host, host_of);
+            store_fp4(m, count, rows, cols, name, init, src);
             return;
         }
         CPFILL_CHECK(is_fp8(st), "weight {}: a matrix is bf16, fp8 or fp4", name);
@@ -254,29 +393,24 @@ class Builder {
         m.data = DeviceBuffer(count * per);
         m.scale = DeviceBuffer(count * spm * 4);
         DeviceBuffer staging(per * 4);
-        if (!counter_) {
-            CPFILL_CUDA_CHECK(cudaMalloc(&counter_, sizeof(unsigned long long)));
-            CPFILL_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(unsigned long long)));
-        }
+        ensure_counter();
         for (int64_t e = 0; e < count; ++e) {
-            if (from_host)
-                CPFILL_CUDA_CHECK(cudaMemcpy(staging.as<void>(), host_matrix(e), per * 4,
-                                             cudaMemcpyHostToDevice));
+            if (src)
+                src(e, staging.as<float>());
             else
                 random(staging.as<void>(), false, per, name, init, e * per);
             ops::cuda::quantize_weight_fp8(
                 staging.as<float>(), rows, cols, m.blocks(), m.data.as<uint8_t>() + e * per,
-                m.scale.as<float>() + e * spm, from_host ? counter_ : nullptr, nullptr);
+                m.scale.as<float>() + e * spm, src ? counter_ : nullptr, nullptr);
         }
         CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before the staging buffer is freed
-        if (from_host) g_->fp8_values += static_cast<uint64_t>(count * per);
+        if (src) g_->fp8_values += static_cast<uint64_t>(count * per);
         g_->bytes += m.data.bytes() + m.scale.bytes();
     }
-    // Packed fp4 (routed experts): quantised from f32 on the device; from host weights, also the
+    // Packed fp4 (routed experts): quantised from f32 on the device; from a checkpoint, also the
     // re-encoding to fp8 tiles the GEMMs will read is tried once and its inexact values counted.
-    template <class HostOf>
     void store_fp4(GpuMatrix& m, int64_t count, int64_t rows, int64_t cols, const std::string& name,
-                   WeightInit init, bool from_host, HostOf host_of) {
+                   WeightInit init, const MatrixSource& src) {
         const int64_t per = rows * cols, spm = m.scales_per_matrix();
         m.data = DeviceBuffer(count * per / 2);
         m.scale = DeviceBuffer(count * spm);
@@ -287,24 +421,18 @@ class Builder {
         for (int64_t e = 0; e < count; ++e) {
             uint8_t* q = m.data.as<uint8_t>() + e * per / 2;
             uint8_t* s = m.scale.as<uint8_t>() + e * spm;
-            if (from_host) {
-                const Tensor* t = host_of(e);
-                CPFILL_CHECK(t && t->numel() == per,
-                             "weight {}: {} values on the host, expected {}", name,
-                             t ? t->numel() : 0, per);
-                CPFILL_CUDA_CHECK(
-                    cudaMemcpy(staging.as<void>(), t->f32(), per * 4, cudaMemcpyHostToDevice));
-            } else {
+            if (src)
+                src(e, staging.as<float>());
+            else
                 random(staging.as<void>(), false, per, name, init, e * per);
-            }
             ops::cuda::quantize_weight_fp4(staging.as<float>(), rows, cols, q, s,
-                                           from_host ? counter_ : nullptr, nullptr);
-            if (from_host)
+                                           src ? counter_ : nullptr, nullptr);
+            if (src)
                 ops::cuda::fp4_to_fp8_tiles(q, s, 1, rows, cols, q8.as<uint8_t>(), s8.as<float>(),
                                             tk.as<int>(), counter_, nullptr);
         }
         CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // before the staging buffers are freed
-        if (from_host) g_->fp8_values += static_cast<uint64_t>(count * per);
+        if (src) g_->fp8_values += static_cast<uint64_t>(count * per);
         g_->bytes += m.data.bytes() + m.scale.bytes();
     }
     void ensure_counter() {
@@ -367,51 +495,103 @@ void build_tid2eid(DeviceBuffer& dst, const ModelConfig& cfg, int li, const Tens
     *bytes += dst.bytes();
 }
 
+// Matrix sources from host f32 tensors: matrix e is host_of(e) ([rows · cols] values).
+MatrixSource host_source(const std::string& name, int64_t per,
+                         std::function<const Tensor*(int64_t)> host_of) {
+    return [name, per, host_of](int64_t e, float* dev) {
+        const Tensor* t = host_of(e);
+        CPFILL_CHECK(t && t->defined() && t->numel() == per,
+                     "weight {}: {} values on the host, expected {}", name,
+                     t && t->defined() ? t->numel() : 0, per);
+        CPFILL_CUDA_CHECK(cudaMemcpy(dev, t->f32(), per * 4, cudaMemcpyHostToDevice));
+    };
+}
+
+std::string expert_weight(int li, int64_t e, const char* which) {
+    return "layers." + std::to_string(li) + ".ffn.experts." + std::to_string(e) + "." + which +
+           ".weight";
+}
+
+// An expert's w1 name → its w3 (routed or shared: "….w1.weight" → "….w3.weight").
+std::string w3_of(const std::string& w1) {
+    return w1.substr(0, w1.size() - std::string_view("w1.weight").size()) + "w3.weight";
+}
+
 // Layer `li` from the weight table: every weight of the layer into its slot, from the host
-// weights `h` (a rank's, as load_rank_weights makes them) or at random when h is null. The routed
-// experts' slices go into one matrix buffer per layer: w13 [E][2 · width, d_model], w2 [E][d_model,
-// width]; the shared expert's w1 and w3 into one [2 · width, d_model].
-void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h) {
+// weights `h` (a rank's, as load_rank_weights makes them), from the checkpoint's stored bytes
+// (`sf`), or at random when both are null. The routed experts' slices go into one matrix buffer
+// per layer: w13 [E][2 · width, d_model], w2 [E][d_model, width]; the shared expert's w1 and w3
+// into one [2 · width, d_model]. The stored reads come in the order stored_upload_plan lists.
+void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h, StoredFill* sf) {
     const ModelConfig& cfg = gw.cfg;
     GpuLayer& g = gw.layers[li];
     g.type = cfg.layer_types[li];
     g.mlp = cfg.mlp_types[li];
     const int64_t D = cfg.d_model, E = cfg.n_experts, width = gw.width;
+    const int64_t a = cfg.moe_dim * gw.slice.part / gw.slice.parts;  // the slice's first unit
     for (const WeightSpec& spec : layer_weight_specs(cfg, li)) {
         const Tensor* host = h ? opt(tensor_slot(*h, spec)) : nullptr;
         if (spec.slot == WeightSlot::Tid2eid) {
-            build_tid2eid(g.tid2eid, cfg, li, host, b.seed(), b.bytes());
+            Tensor ids;
+            if (sf) ids = sf->i64(spec.name);
+            build_tid2eid(g.tid2eid, cfg, li, sf ? &ids : host, b.seed(), b.bytes());
             continue;
         }
         if (spec.slot == WeightSlot::W3 || spec.expert > 0) continue;  // with w1 / expert 0
         const GpuStorage st = gpu_storage(spec, cfg, gw.slice, gw.format);
         const bool w13 = spec.slot == WeightSlot::W1;
+        const bool expert = spec.shard != CpShard::Replicated;  // routed or shared
+        const int64_t rows = expert ? (w13 ? 2 * width : D) : spec.shape[0];
+        const int64_t cols = expert ? (w13 ? D : width) : (spec.shape.size() > 1 ? spec.shape[1] : 1);
+        // Matrix e of this weight (routed: expert e; otherwise the one matrix) from the checkpoint.
+        const auto stored_matrix = [&, spec](int64_t e, float* dev) {
+            const std::string w = spec.expert == 0 ? expert_weight(li, e, w13 ? "w1" : "w2")
+                                                   : spec.name;
+            if (!expert) {
+                sf->f32(w, 0, rows, 0, cols, dev);
+            } else if (w13) {
+                sf->f32(w, a, a + width, 0, D, dev);
+                sf->f32(w3_of(w), a, a + width, 0, D, dev + width * D);
+            } else {
+                sf->f32(w, 0, D, a, a + width, dev);
+            }
+        };
         if (spec.expert == 0) {  // all routed experts at once
             const std::vector<Tensor>* parts = h ? (w13 ? &h->moe.w13 : &h->moe.w2) : nullptr;
             CPFILL_CHECK(!parts || static_cast<int64_t>(parts->size()) == E,
                          "upload: layer {} has {} routed experts on the host, expected {}", li,
                          parts ? parts->size() : 0, E);
-            b.matrix(w13 ? g.w13 : g.w2, st, E, w13 ? 2 * width : D, w13 ? D : width, spec.name,
-                     spec.init, h != nullptr, [&](int64_t e) { return &(*parts)[e]; });
+            MatrixSource src;
+            if (sf)
+                src = stored_matrix;
+            else if (parts)
+                src = host_source(spec.name, rows * cols,
+                                  [parts](int64_t e) { return &(*parts)[e]; });
+            b.matrix(w13 ? g.w13 : g.w2, st, E, rows, cols, spec.name, spec.init, src);
             continue;
         }
         CPFILL_CHECK(!h || host, "upload: weight {} is missing from the host weights", spec.name);
         if (GpuMatrix* m = gpu_matrix(g, spec)) {
-            const bool shared = spec.shard != CpShard::Replicated;  // the shared expert
-            const int64_t rows = shared ? (w13 ? 2 * width : D) : spec.shape[0];
-            const int64_t cols = shared ? (w13 ? D : width) : spec.shape[1];
-            b.matrix(*m, st, 1, rows, cols, spec.name, spec.init, host != nullptr,
-                     [&](int64_t) { return host; });
+            MatrixSource src;
+            if (sf)
+                src = stored_matrix;
+            else if (host)
+                src = host_source(spec.name, rows * cols, [host](int64_t) { return host; });
+            b.matrix(*m, st, 1, rows, cols, spec.name, spec.init, src);
             continue;
         }
-        b(gpu_slot(g, spec), spec, cfg, gw.slice, host);
+        if (sf)
+            b.fill_stored(gpu_slot(g, spec), gpu_dtype(spec), rank_numel(spec, cfg, gw.slice),
+                          spec.name, *sf);
+        else
+            b(gpu_slot(g, spec), spec, cfg, gw.slice, host);
     }
     b.finish();
 }
 
 // The checks, the top-level tensors and the RoPE tables; `layers` sized but empty.
 GpuWeights build_top(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format,
-                     uint64_t seed, ModelWeights* host) {
+                     uint64_t seed, ModelWeights* host, StoredFill* sf = nullptr) {
     CPFILL_CHECK(cfg.rope_main.attention_factor == 1.0 && cfg.rope_compress.attention_factor == 1.0,
                  "the CUDA backend needs RoPE attention_factor 1.0 (DeepSeek-V4 forces it); found "
                  "{} / {}",
@@ -428,7 +608,11 @@ GpuWeights build_top(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat 
         if (spec.layer >= 0) continue;
         const Tensor* t = host ? opt(tensor_slot(*host, spec)) : nullptr;
         CPFILL_CHECK(!host || t, "upload: weight {} is missing from the host weights", spec.name);
-        b(gpu_top_slot(g, spec), spec, cfg, slice, t);
+        if (sf)
+            b.fill_stored(gpu_top_slot(g, spec), gpu_dtype(spec), rank_numel(spec, cfg, slice),
+                          spec.name, *sf);
+        else
+            b(gpu_top_slot(g, spec), spec, cfg, slice, t);
     }
     const ops::RopeTable main(cfg.rope_main, cfg.rope_dim), comp(cfg.rope_compress, cfg.rope_dim);
     g.inv_freq_main = upload_f32(main.inv_freq().data(), main.inv_freq().size());
@@ -474,7 +658,7 @@ void upload_layer(GpuWeights& g, int li, const LayerWeights& host) {
                  "or another layer's)",
                  li);
     Builder b(0, &g);
-    build_layer(b, g, li, const_cast<LayerWeights*>(&host));  // tensor_slot only looks
+    build_layer(b, g, li, const_cast<LayerWeights*>(&host), nullptr);  // tensor_slot only looks
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -484,11 +668,117 @@ GpuWeights upload_weights(const ModelWeights& host, GpuWeightFormat format) {
     return g;
 }
 
+std::vector<std::pair<std::string, const DeviceBuffer*>> device_buffers(const GpuWeights& gw) {
+    std::vector<std::pair<std::string, const DeviceBuffer*>> out;
+    const ModelConfig& cfg = gw.cfg;
+    auto& w = const_cast<GpuWeights&>(gw);  // the slot maps only look
+    for (const WeightSpec& spec : weight_specs(cfg))
+        if (spec.layer < 0) out.emplace_back(spec.name, &gpu_top_slot(w, spec));
+    out.emplace_back("inv_freq_main", &gw.inv_freq_main);
+    out.emplace_back("inv_freq_compress", &gw.inv_freq_compress);
+    for (int li = 0; li < cfg.n_layers && li < static_cast<int>(gw.layers.size()); ++li) {
+        GpuLayer& g = w.layers[li];
+        for (const WeightSpec& spec : layer_weight_specs(cfg, li)) {
+            if (spec.slot == WeightSlot::W3 || spec.expert > 0) continue;
+            GpuMatrix* m = spec.expert == 0 ? (spec.slot == WeightSlot::W1 ? &g.w13 : &g.w2)
+                                            : gpu_matrix(g, spec);
+            if (m) {
+                out.emplace_back(spec.name + " (data)", &m->data);
+                out.emplace_back(spec.name + " (scale)", &m->scale);
+            } else {
+                out.emplace_back(spec.name, &gpu_slot(g, spec));
+            }
+        }
+    }
+    return out;
+}
+
+StoredPlan stored_upload_plan(const Checkpoint& ck, const std::vector<ExpertSlice>& slices,
+                              size_t piece_bytes) {
+    const ModelConfig& cfg = ck.config();
+    CPFILL_CHECK(!slices.empty(), "stored upload plan: no ranks");
+    StoredPlan plan;
+    // Rows [r0, r1) of weight `name`, in pieces on a grid from r0; users: the slices whose rows
+    // [lo(i), hi(i)) meet a piece.
+    const auto add = [&](const std::string& name, int64_t r0, int64_t r1,
+                         const std::function<std::pair<int64_t, int64_t>(size_t)>& rows_of) {
+        auto it = plan.slabs.find(name);
+        if (it == plan.slabs.end()) it = plan.slabs.emplace(name, ck.slab(name)).first;
+        const StoredSlab& sl = it->second;
+        const int64_t step = rows_per_piece(sl, piece_bytes);
+        for (int64_t p = r0; p < r1; p += step) {
+            const int64_t q = std::min(r1, p + step);
+            int users = 0;
+            for (size_t i = 0; i < slices.size(); ++i) {
+                const auto [lo, hi] = rows_of(i);
+                users += lo < q && p < hi;
+            }
+            if (users == 0) continue;
+            plan.pieces.push_back(StoredPiece{name, p, q, users});
+            plan.max_piece_bytes = std::max(plan.max_piece_bytes, cuda::piece_bytes(sl, p, q));
+        }
+    };
+    const auto all_rows = [&](const std::string& name) {
+        const int64_t rows = ck.slab(name).rows;
+        add(name, 0, rows, [rows](size_t) { return std::pair<int64_t, int64_t>{0, rows}; });
+    };
+    const auto hidden_rows = [&](const std::string& name) {  // w1 / w3: each slice's rows
+        const auto rows_of = [&](size_t i) {
+            const int64_t lo = cfg.moe_dim * slices[i].part / slices[i].parts;
+            return std::pair<int64_t, int64_t>{lo, lo + slice_width(cfg.moe_dim, slices[i])};
+        };
+        int64_t r0 = cfg.moe_dim, r1 = 0;
+        for (size_t i = 0; i < slices.size(); ++i) {
+            r0 = std::min(r0, rows_of(i).first);
+            r1 = std::max(r1, rows_of(i).second);
+        }
+        add(name, r0, r1, rows_of);
+    };
+    // In the order of build_top and build_layer.
+    for (const WeightSpec& spec : weight_specs(cfg))
+        if (spec.layer < 0) all_rows(spec.name);
+    for (int li = 0; li < cfg.n_layers; ++li)
+        for (const WeightSpec& spec : layer_weight_specs(cfg, li)) {
+            if (spec.slot == WeightSlot::Tid2eid || spec.slot == WeightSlot::W3 || spec.expert > 0)
+                continue;
+            const bool w13 = spec.slot == WeightSlot::W1;
+            const int64_t count = spec.expert == 0 ? cfg.n_experts : 1;
+            for (int64_t e = 0; e < count; ++e) {
+                const std::string w =
+                    spec.expert == 0 ? expert_weight(li, e, w13 ? "w1" : "w2") : spec.name;
+                if (spec.shard == CpShard::Replicated || !w13) {
+                    all_rows(w);  // w2: every rank reads its columns of all rows
+                } else {
+                    hidden_rows(w);
+                    hidden_rows(w3_of(w));
+                }
+            }
+        }
+    return plan;
+}
+
+GpuWeights upload_stored_top(const Checkpoint& ck, ExpertSlice slice, GpuWeightFormat format,
+                             StoredReader& rd) {
+    StoredFill sf(ck, rd);
+    GpuWeights g = build_top(ck.config(), slice, format, 0, nullptr, &sf);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    return g;
+}
+
+void upload_stored_layer(GpuWeights& g, int li, const Checkpoint& ck, StoredReader& rd) {
+    CPFILL_CHECK(li >= 0 && li < static_cast<int>(g.layers.size()),
+                 "upload_stored_layer: layer {} of a model with {} layers", li, g.layers.size());
+    StoredFill sf(ck, rd);
+    Builder b(0, &g);
+    build_layer(b, g, li, nullptr, &sf);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 GpuWeights random_weights(const ModelConfig& cfg, ExpertSlice slice, uint64_t seed,
                           GpuWeightFormat format) {
     GpuWeights g = build_top(cfg, slice, format, seed, nullptr);
     Builder b(seed, &g);
-    for (int li = 0; li < cfg.n_layers; ++li) build_layer(b, g, li, nullptr);
+    for (int li = 0; li < cfg.n_layers; ++li) build_layer(b, g, li, nullptr, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
 }

@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "io/model_config.h"
 #include "model/weight_bytes.h"
+#include "model/cuda/stored_reader.h"
 #include "model/weights.h"
 #include "runtime/cuda/buffer.h"
 
@@ -99,6 +101,23 @@ GpuWeights upload_weights(const ModelWeights& host, GpuWeightFormat format = Gpu
 // layer `li` from its host weights. `bytes` counts what has been uploaded so far.
 GpuWeights upload_top(const ModelWeights& host, GpuWeightFormat format = GpuWeightFormat::Bf16);
 void upload_layer(GpuWeights& g, int li, const LayerWeights& host);
+
+// The same from the checkpoint's stored bytes (docs/loading.md, "GPU upload from stored bytes"):
+// read through `rd` (planned by stored_upload_plan), copied to the device as stored and decoded
+// there; the result equals upload_top / upload_layer of the host f32 weights bit for bit, with
+// the same errors for bad values. No host f32.
+GpuWeights upload_stored_top(const Checkpoint& ck, ExpertSlice slice, GpuWeightFormat format,
+                             StoredReader& rd);
+void upload_stored_layer(GpuWeights& g, int li, const Checkpoint& ck, StoredReader& rd);
+// The reads the stored upload of the ranks with expert slices `slices` (those of one process)
+// makes, in its order, in pieces of at most `piece_bytes` (more for a weight whose single row, or
+// fp8 128 rows, is larger): w1 / w3 only the slices' rows, everything else whole.
+StoredPlan stored_upload_plan(const Checkpoint& ck, const std::vector<ExpertSlice>& slices,
+                              size_t piece_bytes);
+
+// Every device buffer of `g` named by its weight ("… (data)" / "… (scale)" for matrices), in the
+// weight table's order (tests compare uploads with it).
+std::vector<std::pair<std::string, const DeviceBuffer*>> device_buffers(const GpuWeights& g);
 
 // Random weights of the shapes of `slice` of `cfg`, generated on the current device: normal-like
 // (uniform with the same mean and deviation) per tensor family as io/random_checkpoint.h scales

@@ -1,11 +1,15 @@
 // GpuGroup: NCCL bootstrap (threaded or one rank per process), weights, the memory check and the
 // rank threads of a run; plan_gpu_memory and the measured ceilings.
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
 #include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/cuda/gpu_weights.h"
+#include "model/cuda/stored_reader.h"
 #include "model/weight_bytes.h"
 #include "ops/cuda/gemm.h"
 #include "parallel/cuda/gpu_runner.h"
@@ -222,7 +226,56 @@ const ModelWeights& rank_view(const GpuGroup::Impl& g, size_t i,
     return w;
 }
 
+// All of the model's weights must fit rank r's GPU, checked before anything is read (with the
+// 512 MiB that run() keeps for cuBLAS, NCCL and CUB).
+void check_weights_fit(const RankDevice& r, const ModelConfig& cfg, GpuWeightFormat format) {
+    const size_t reserve = size_t{512} << 20;
+    const size_t need = gpu_rank_weight_bytes(cfg, {r.rank, r.cp}, format);
+    size_t free_b = 0, total_b = 0;
+    CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (need + reserve <= free_b) return;
+    const int fit = weights_fitting_cp(cfg, format, free_b, reserve);
+    CPFILL_FAIL(
+        "out of GPU memory: the {} weights of rank {} of --cp {} need {:.2f} GB (+0.5 GB "
+        "reserve) but GPU {} has {:.2f} GB free; {}",
+        gpu_weight_format_name(format), r.rank, r.cp, need * 1e-9, r.device, free_b * 1e-9,
+        fit > r.cp ? fmt::format("--cp {} would fit the weights", fit)
+                   : std::string("no --cp up to 64 fits the weights"));
+}
+
 }  // namespace
+
+size_t GpuGroup::load_stored(const Checkpoint& ck, int threads, Progress* bar) {
+    Impl& g = *impl_;
+    const ModelConfig& cfg = ck.config();
+    std::vector<ExpertSlice> slices;
+    for (const auto& r : g.ranks) slices.push_back({r->rank, r->cp});
+    // Pieces of up to 32 MiB in 2 · threads + 2 slots: the readers stay a few pieces ahead of
+    // every GPU (docs/loading.md).
+    threads = std::max(1, threads);
+    cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, slices, size_t{32} << 20), threads,
+                          2 * threads + 2, bar);
+    g.on_ranks([&](size_t i, const cuda::AbortFlag& abort) {
+        RankDevice& r = *g.ranks[i];
+        r.weights.reset();
+        r.arena.reset();
+        try {
+            check_weights_fit(r, cfg, g.opt.weights);
+            auto w = std::make_unique<cuda::GpuWeights>(
+                cuda::upload_stored_top(ck, {r.rank, r.cp}, g.opt.weights, rd));
+            for (int li = 0; li < cfg.n_layers; ++li) {
+                CPFILL_CHECK(!abort.raised(), "stopped: {}", abort.why());
+                cuda::upload_stored_layer(*w, li, ck, rd);
+            }
+            r.weights = std::move(w);
+        } catch (...) {
+            rd.abort();  // the readers stop; the other ranks read what they still need at once
+            throw;
+        }
+        r.alloc_host_counts(cfg.n_experts);
+    });
+    return rd.bytes_read();
+}
 
 void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
     Impl& g = *impl_;
@@ -231,23 +284,8 @@ void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
         const ModelWeights& w = rank_view(g, i, rank_weights);
         r.weights.reset();
         r.arena.reset();
-        // All of the model's weights must fit, checked before the first layer is read (with the
-        // 512 MiB that run() keeps for cuBLAS, NCCL and CUB).
-        const size_t reserve = size_t{512} << 20;
-        const GpuWeightFormat format = g.opt.weights;
-        const size_t need = gpu_rank_weight_bytes(w.cfg, w.slice, format);
-        size_t free_b = 0, total_b = 0;
-        CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        if (need + reserve > free_b) {
-            const int fit = weights_fitting_cp(w.cfg, format, free_b, reserve);
-            CPFILL_FAIL(
-                "out of GPU memory: the {} weights of rank {} of --cp {} need {:.2f} GB "
-                "(+0.5 GB reserve) but GPU {} has {:.2f} GB free; {}",
-                gpu_weight_format_name(format), r.rank, r.cp, need * 1e-9, r.device, free_b * 1e-9,
-                fit > r.cp ? fmt::format("--cp {} would fit the weights", fit)
-                           : std::string("no --cp up to 64 fits the weights"));
-        }
-        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_top(w, format));
+        check_weights_fit(r, w.cfg, g.opt.weights);
+        r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_top(w, g.opt.weights));
         r.alloc_host_counts(w.cfg.n_experts);
     });
 }

@@ -1,0 +1,107 @@
+// StoredReader: reads a checkpoint's stored weight bytes for the GPU upload, ahead of it, into
+// pinned host memory (docs/loading.md, "GPU upload from stored bytes"). The upload plan is a
+// sequence of pieces (rows of one weight's slab, with the scale rows they use); `threads` threads
+// copy them in plan order from the checkpoint's mapping into a ring of pinned slots, while the
+// ranks' upload threads take them by weight and rows, copy them to their GPU and release them. A
+// slot is reused once every rank that needs its piece has released it. A request the plan did
+// not foresee (or one the readers have not reached) is read on the spot into memory of the
+// request's own: slower, never a wait that could not end.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/progress.h"
+
+namespace cpfill::cuda {
+
+// Rows [r0, r1) of weight `name`'s slab, needed by `users` upload threads.
+struct StoredPiece {
+    std::string name;
+    int64_t r0 = 0, r1 = 0;
+    int users = 1;
+};
+
+// The bytes of a piece: its slab rows (row_bytes apart) and the scale rows they use
+// (StoredSlab::scale_rows); `pinned` when they lie in page-locked memory.
+struct PieceBytes {
+    const uint8_t* w = nullptr;
+    const uint8_t* s = nullptr;
+    int64_t r0 = 0, r1 = 0;
+    bool pinned = false;
+};
+
+// The upload plan: the pieces in the order the upload asks for them, and every weight's slab.
+struct StoredPlan {
+    std::vector<StoredPiece> pieces;
+    std::map<std::string, StoredSlab> slabs;
+    size_t max_piece_bytes = 0;
+};
+
+// Bytes a piece takes in a slot: its weight rows, then its scale rows at a 256-byte boundary.
+size_t piece_bytes(const StoredSlab& slab, int64_t r0, int64_t r1);
+
+// Rows of `slab` per piece so that a piece takes at most `max_bytes` (at least one row, or 128
+// for fp8 so that pieces start on scale rows).
+int64_t rows_per_piece(const StoredSlab& slab, size_t max_bytes);
+
+class StoredReader {
+  public:
+    // Starts `threads` reader threads over `plan` with `slots` pinned slots, each holding the
+    // plan's largest piece. `bar` (may be null) counts the bytes copied.
+    StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, int slots, Progress* bar);
+    ~StoredReader();  // stops the readers and frees the slots
+    StoredReader(const StoredReader&) = delete;
+    StoredReader& operator=(const StoredReader&) = delete;
+
+    // Calls use(bytes) for each piece covering rows [r0, r1) of `name` (in row order; a piece may
+    // start before r0 and end after r1), the piece held for the call. Thread-safe.
+    void read(const std::string& name, int64_t r0, int64_t r1,
+              const std::function<void(const PieceBytes&)>& use);
+    // Weight `name`'s slab (the plan's, or looked up). Thread-safe; the reference stays valid.
+    const StoredSlab& slab(const std::string& name);
+    size_t slot_bytes() const { return slot_bytes_; }
+    // Wakes and stops the readers (an upload thread failed); read() then reads on the spot.
+    void abort();
+    size_t bytes_read() const;  // stored bytes copied so far (planned and on the spot)
+    size_t misses() const;      // pieces read on the spot
+
+  private:
+    enum class State : uint8_t { Waiting, Reading, Ready, Skipped, Done };
+    struct Entry {
+        StoredPiece piece;
+        State state = State::Waiting;
+        int slot = -1, released = 0, in_use = 0;
+    };
+    void reader_loop();
+    void copy_piece(const StoredSlab& sl, int64_t r0, int64_t r1, uint8_t* dst) const;
+    void read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
+                  const std::function<void(const PieceBytes&)>& use);
+    void release(Entry& e);                              // under mu_
+    const StoredSlab& slab_of(const std::string& name);  // cached, under mu_ (or before threads)
+
+    const Checkpoint& ck_;
+    std::vector<Entry> plan_;
+    std::map<std::string, std::vector<size_t>> by_name_;  // plan indices per weight, row order
+    std::map<std::string, StoredSlab> slabs_;
+    size_t slot_bytes_;
+    uint8_t* pinned_ = nullptr;
+    bool pageable_ = false;  // page-locked memory was refused: plain memory instead
+    std::vector<int> free_slots_;
+    size_t next_ = 0;
+    bool stop_ = false;
+    Progress* bar_;
+    size_t bytes_ = 0, misses_ = 0;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<std::thread> threads_;
+};
+
+}  // namespace cpfill::cuda
