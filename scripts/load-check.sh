@@ -2,9 +2,11 @@
 # Load throughput on a GPU machine, after scripts/gpu-check.sh built build-gpu: a checkpoint of
 # V4-Flash's dimensions (4 layers, 32 routed experts; upstream names, fp8 linears, fp4 experts;
 # LOAD_VOCAB replaces the 129,280-id vocabulary, LOAD_WEIGHTS the list of --weights runs)
-# generated into a temporary folder, then `run --device cuda` loading it with --weights fp8 (the
-# host decodes to fp32, the GPU quantises) and auto (fp4 experts copied as stored). GB/s = stored
-# bytes / load seconds, from the page cache (the checkpoint was just written). Results in $OUT.
+# generated into a temporary folder, then `run --device cuda` loading it with --weights fp8 (fp4
+# experts re-encoded into fp8) and auto (fp4 kept), for each upload in LOAD_UPLOADS ("stored":
+# stored bytes decoded on the GPU, the default; "host": host fp32, the older way). GB/s = stored
+# bytes / load seconds, from the page cache (the checkpoint was just written); LOAD_ARGS adds
+# arguments to the runs (e.g. --threads 8). Results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
@@ -29,16 +31,22 @@ t0=$(date +%s.%N)
 "$bin" gen-model --config "$dir/config.json" --names upstream --dtype fp8 --experts fp4 \
     --out "$dir/m" >"$out/load-gen.log" 2>&1 || { echo "load-check: gen-model failed"; tail -3 "$out/load-gen.log"; exit 1; }
 bytes=$(du -sb "$dir/m" | cut -f1)
-echo "load-check: generated $((bytes / 1000000)) MB in $(echo "$(date +%s.%N) - $t0" | bc) s"
+echo "load-check: generated $((bytes / 1000000)) MB in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 status=0
+for up in ${LOAD_UPLOADS:-stored}; do
 for w in ${LOAD_WEIGHTS:-fp8 auto fp8 auto}; do
-    "$bin" run --model "$dir/m" --device cuda --weights "$w" --input-ids 1,2,3,4,5,6,7,8 --json \
-        >"$out/load-$w.json" 2>"$out/load-$w.log" || { status=1; tail -3 "$out/load-$w.log"; }
-    python3 - "$out/load-$w.json" "$bytes" "$w" <<'PY'
+    CPFILL_UPLOAD=$up "$bin" run --model "$dir/m" --device cuda --weights "$w" \
+        --input-ids 1,2,3,4,5,6,7,8 ${LOAD_ARGS:-} --json >"$out/load-$up-$w.json" 2>"$out/load-$up-$w.log" ||
+        { status=1; tail -3 "$out/load-$up-$w.log"; continue; }
+    python3 - "$out/load-$up-$w.json" "$bytes" "$w" "$up" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); b = int(sys.argv[2]); t = j["timings"]["load_s"]
-print(f"load-check: --weights {sys.argv[3]} ({j['gpu']['weights']}): load {t:.2f} s, "
-      f"{b / t / 1e9:.2f} GB/s of {b / 1e9:.2f} GB stored; first token {j['requests'][0]['first_token']}")
+print(f"load-check: {sys.argv[4]} upload, --weights {sys.argv[3]} ({j['gpu']['weights']}): "
+      f"load {t:.2f} s, {b / t / 1e9:.2f} GB/s of {b / 1e9:.2f} GB stored; "
+      f"first token {j['requests'][0]['first_token']}")
+if "load" in j["gpu"]:
+    print("load-check:   ", json.dumps(j["gpu"]["load"]))
 PY
+done
 done
 exit $status

@@ -96,6 +96,14 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
                     {"weights", gpu_weight_format_name(engine.gpu_weight_format())},
                     {"fp8_values", ws.fp8_values},
                     {"fp8_inexact_values", ws.fp8_inexact}};
+        // The load's parts: the upload of the weights (the rest of load_s: contexts, NCCL, the
+        // checkpoint's headers) and where it waited (docs/loading.md).
+        const GpuGroup::StoredLoad& sl = engine.gpu_stored_load();
+        j["gpu"]["load"] = {{"weights_s", sl.seconds},
+                            {"bytes", sl.bytes},
+                            {"pieces_read_by_uploads", sl.misses},
+                            {"reader_wait_s", sl.reader_wait_s},
+                            {"upload_wait_s", sl.upload_wait_s}};
     }
     if (!a.logits_out.empty()) j["logits_out"] = a.logits_out;
     if (!a.kv_out.empty()) j["kv_out"] = a.kv_out;

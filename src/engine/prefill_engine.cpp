@@ -129,7 +129,8 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
         size_t total = 0;
         for (const WeightSpec& spec : ckpt.specs().all()) total += ckpt.stored(spec.name).bytes;
         Progress bar("loading", total, load.progress);
-        load_bytes_ = gpu_->load_stored(ckpt, load.threads, &bar);
+        stored_load_ = gpu_->load_stored(ckpt, load.threads, &bar);
+        load_bytes_ = stored_load_.bytes;
         rank_bytes_ = 0;  // no host weights
         return;
     }

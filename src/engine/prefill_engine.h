@@ -61,6 +61,8 @@ class PrefillEngine {
     // cuda: the format the GPUs hold (auto resolved) and their weights' stats.
     GpuWeightFormat gpu_weight_format() const { return format_; }
     GpuGroup::WeightStats gpu_weight_stats() const;
+    // cuda: the stored upload's figures (all zero after CPFILL_UPLOAD=host).
+    const GpuGroup::StoredLoad& gpu_stored_load() const { return stored_load_; }
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
     RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
 
@@ -78,6 +80,7 @@ class PrefillEngine {
     double load_seconds_ = 0;
     size_t load_bytes_ = 0;  // stored bytes read
     GpuWeightFormat format_ = GpuWeightFormat::Bf16;
+    GpuGroup::StoredLoad stored_load_;  // cuda, stored upload
 };
 
 // The format `--weights auto` means for a checkpoint: fp4 when its routed experts are stored as

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,6 +15,16 @@ namespace cpfill::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
+
+// Waits on cv under lk until pred, adding the seconds waited to *sum.
+template <class Pred>
+void timed_wait(std::condition_variable& cv, std::unique_lock<std::mutex>& lk, double* sum,
+                Pred pred) {
+    if (pred()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    cv.wait(lk, pred);
+    *sum += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
@@ -51,16 +62,8 @@ StoredReader::StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, i
         by_name_[p.name].push_back(i);
         plan_.push_back(Entry{std::move(p)});
     }
-    const size_t total = slot_bytes_ * static_cast<size_t>(slots);
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, total, cudaHostAllocPortable) == cudaSuccess) {
-        pinned_ = static_cast<uint8_t*>(p);
-    } else {
-        (void)cudaGetLastError();  // no page-locked memory: pageable slots, slower copies
-        pinned_ = static_cast<uint8_t*>(std::malloc(total));
-        CPFILL_CHECK(pinned_, "stored reader: cannot allocate {} bytes of host staging", total);
-        pageable_ = true;
-    }
+    slots_.assign(static_cast<size_t>(slots), nullptr);
+    slot_pageable_.assign(static_cast<size_t>(slots), 0);
     for (int s = slots; s-- > 0;) free_slots_.push_back(s);
     for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { reader_loop(); });
 }
@@ -68,10 +71,27 @@ StoredReader::StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, i
 StoredReader::~StoredReader() {
     abort();
     for (std::thread& t : threads_) t.join();
-    if (pageable_)
-        std::free(pinned_);
-    else
-        cudaFreeHost(pinned_);
+    for (size_t s = 0; s < slots_.size(); ++s) {
+        if (!slots_[s]) continue;
+        if (slot_pageable_[s])
+            std::free(slots_[s]);
+        else
+            cudaFreeHost(slots_[s]);
+    }
+}
+
+void StoredReader::allocate_slot(int s) {
+    // Page-locked, by the reader thread that first takes the slot (the pinning runs in parallel
+    // and beside the reading); plain memory if the system refuses it.
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, slot_bytes_, cudaHostAllocPortable) == cudaSuccess) {
+        slots_[s] = static_cast<uint8_t*>(p);
+        return;
+    }
+    (void)cudaGetLastError();
+    slots_[s] = static_cast<uint8_t*>(std::malloc(slot_bytes_));
+    CPFILL_CHECK(slots_[s], "stored reader: cannot allocate {} bytes of host staging", slot_bytes_);
+    slot_pageable_[s] = 1;
 }
 
 void StoredReader::abort() {
@@ -88,6 +108,16 @@ size_t StoredReader::bytes_read() const {
 size_t StoredReader::misses() const {
     std::lock_guard<std::mutex> lk(mu_);
     return misses_;
+}
+
+double StoredReader::reader_wait_seconds() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reader_wait_;
+}
+
+double StoredReader::upload_wait_seconds() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return upload_wait_;
 }
 
 const StoredSlab& StoredReader::slab(const std::string& name) {
@@ -113,21 +143,22 @@ void StoredReader::copy_piece(const StoredSlab& sl, int64_t r0, int64_t r1, uint
 void StoredReader::reader_loop() {
     for (;;) {
         std::unique_lock<std::mutex> lk(mu_);
-        for (;;) {
-            if (stop_) return;
+        const auto ready = [&] {
             while (next_ < plan_.size() && plan_[next_].state == State::Skipped) ++next_;
-            if (next_ >= plan_.size()) return;
-            if (!free_slots_.empty()) break;
-            cv_.wait(lk);
-        }
+            return stop_ || next_ >= plan_.size() || !free_slots_.empty();
+        };
+        timed_wait(cv_, lk, &reader_wait_, ready);
+        if (stop_ || next_ >= plan_.size()) return;
         Entry& e = plan_[next_++];
         e.slot = free_slots_.back();
         free_slots_.pop_back();
         e.state = State::Reading;
         const StoredSlab& sl = slabs_.at(e.piece.name);
         const size_t n = piece_bytes(sl, e.piece.r0, e.piece.r1);
+        const int slot = e.slot;
         lk.unlock();
-        copy_piece(sl, e.piece.r0, e.piece.r1, pinned_ + slot_bytes_ * e.slot);
+        if (!slots_[slot]) allocate_slot(slot);  // slots_[slot] is this thread's while it holds it
+        copy_piece(sl, e.piece.r0, e.piece.r1, slots_[slot]);
         if (bar_) bar_->add(n);
         lk.lock();
         e.state = State::Ready;
@@ -175,7 +206,7 @@ void StoredReader::read(const std::string& name, int64_t r0, int64_t r1,
             r = end;
             continue;
         }
-        cv_.wait(lk, [&] { return e->state != State::Reading; });
+        timed_wait(cv_, lk, &upload_wait_, [&] { return e->state != State::Reading; });
         if (e->state == State::Waiting) e->state = State::Skipped;  // the readers pass it
         const int64_t p0 = e->piece.r0, p1 = e->piece.r1;
         if (e->state != State::Ready) {
@@ -186,9 +217,10 @@ void StoredReader::read(const std::string& name, int64_t r0, int64_t r1,
             continue;
         }
         ++e->in_use;
-        uint8_t* base = pinned_ + slot_bytes_ * e->slot;
+        uint8_t* base = slots_[e->slot];
         const size_t wb = static_cast<size_t>((p1 - p0) * sl.row_bytes);
-        const PieceBytes pb{base, sl.s ? base + align_up(wb) : nullptr, p0, p1, !pageable_};
+        const PieceBytes pb{base, sl.s ? base + align_up(wb) : nullptr, p0, p1,
+                            !slot_pageable_[e->slot]};
         lk.unlock();
         try {
             use(pb);

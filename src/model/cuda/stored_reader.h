@@ -72,6 +72,10 @@ class StoredReader {
     void abort();
     size_t bytes_read() const;  // stored bytes copied so far (planned and on the spot)
     size_t misses() const;      // pieces read on the spot
+    // Seconds the reader threads waited for a free slot (summed: the GPUs were the bottleneck)
+    // and the uploads waited for a piece being read (summed: reading was).
+    double reader_wait_seconds() const;
+    double upload_wait_seconds() const;
 
   private:
     enum class State : uint8_t { Waiting, Reading, Ready, Skipped, Done };
@@ -85,6 +89,7 @@ class StoredReader {
     void read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
                   const std::function<void(const PieceBytes&)>& use);
     void release(Entry& e);                              // under mu_
+    void allocate_slot(int s);
     const StoredSlab& slab_of(const std::string& name);  // cached, under mu_ (or before threads)
 
     const Checkpoint& ck_;
@@ -92,13 +97,14 @@ class StoredReader {
     std::map<std::string, std::vector<size_t>> by_name_;  // plan indices per weight, row order
     std::map<std::string, StoredSlab> slabs_;
     size_t slot_bytes_;
-    uint8_t* pinned_ = nullptr;
-    bool pageable_ = false;  // page-locked memory was refused: plain memory instead
+    std::vector<uint8_t*> slots_;       // allocated on first use
+    std::vector<char> slot_pageable_;  // page-locked memory was refused: plain memory instead
     std::vector<int> free_slots_;
     size_t next_ = 0;
     bool stop_ = false;
     Progress* bar_;
     size_t bytes_ = 0, misses_ = 0;
+    double reader_wait_ = 0, upload_wait_ = 0;
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::vector<std::thread> threads_;

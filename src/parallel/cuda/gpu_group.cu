@@ -1,6 +1,7 @@
 // GpuGroup: NCCL bootstrap (threaded or one rank per process), weights, the memory check and the
 // rank threads of a run; plan_gpu_memory and the measured ceilings.
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -245,15 +246,16 @@ void check_weights_fit(const RankDevice& r, const ModelConfig& cfg, GpuWeightFor
 
 }  // namespace
 
-size_t GpuGroup::load_stored(const Checkpoint& ck, int threads, Progress* bar) {
+GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, Progress* bar) {
+    const auto t0 = std::chrono::steady_clock::now();
     Impl& g = *impl_;
     const ModelConfig& cfg = ck.config();
     std::vector<ExpertSlice> slices;
     for (const auto& r : g.ranks) slices.push_back({r->rank, r->cp});
-    // Pieces of up to 32 MiB in 2 · threads + 2 slots: the readers stay a few pieces ahead of
+    // Pieces of up to 16 MiB in 2 · threads + 2 slots: the readers stay a few pieces ahead of
     // every GPU (docs/loading.md).
     threads = std::max(1, threads);
-    cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, slices, size_t{32} << 20), threads,
+    cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, slices, size_t{16} << 20), threads,
                           2 * threads + 2, bar);
     g.on_ranks([&](size_t i, const cuda::AbortFlag& abort) {
         RankDevice& r = *g.ranks[i];
@@ -274,7 +276,13 @@ size_t GpuGroup::load_stored(const Checkpoint& ck, int threads, Progress* bar) {
         }
         r.alloc_host_counts(cfg.n_experts);
     });
-    return rd.bytes_read();
+    StoredLoad s;
+    s.bytes = rd.bytes_read();
+    s.misses = rd.misses();
+    s.reader_wait_s = rd.reader_wait_seconds();
+    s.upload_wait_s = rd.upload_wait_seconds();
+    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s;
 }
 
 void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
