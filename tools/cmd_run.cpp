@@ -1,6 +1,7 @@
 // cpfill run: prefill of one or more prompts given as token ids; prints each request's first
 // (argmax) token, TTFT and tokens/s; optionally writes logits to a safetensors file.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -48,6 +49,7 @@ struct RunArgs {
     std::string kv_out;
     bool json = false;
     bool no_warmup = false;
+    int repeat = 1;
     int inject_fault_rank = -1;  // tests: this GPU rank fails at layer 1
 };
 
@@ -70,7 +72,8 @@ void report_fp8_inexact(const PrefillEngine& engine) {
 }
 
 void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& r,
-                const std::vector<std::vector<int32_t>>& requests, double warmup_s) {
+                const std::vector<std::vector<int32_t>>& requests, double warmup_s,
+                const std::vector<double>& repeats) {
     nlohmann::json j;
     j["requests"] = nlohmann::json::array();
     for (size_t i = 0; i < requests.size(); ++i)
@@ -84,6 +87,7 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     j["timings"] = {{"load_s", engine.load_seconds()},
                     {"warmup_s", warmup_s},
                     {"ttft_s", r.prefill_seconds},
+                    {"repeat_ttft_s", repeats},
                     {"tokens_per_s", r.n_tokens / r.prefill_seconds}};
     j["memory"] = {{"rank_weight_bytes", engine.rank_weight_bytes()},
                    {"peak_rss_bytes", peak_rss_bytes()}};
@@ -96,10 +100,11 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
                     {"weights", gpu_weight_format_name(engine.gpu_weight_format())},
                     {"fp8_values", ws.fp8_values},
                     {"fp8_inexact_values", ws.fp8_inexact}};
-        // The load's parts: the upload of the weights (the rest of load_s: contexts, NCCL, the
-        // checkpoint's headers) and where it waited (docs/loading.md).
+        // The load's parts: the GPU group's set-up (contexts, NCCL), the upload of the weights (the
+        // rest of load_s: the checkpoint's headers) and where it waited (docs/loading.md).
         const GpuGroup::StoredLoad& sl = engine.gpu_stored_load();
-        j["gpu"]["load"] = {{"weights_s", sl.seconds},
+        j["gpu"]["load"] = {{"setup_s", engine.gpu_setup_seconds()},
+                            {"weights_s", sl.seconds},
                             {"bytes", sl.bytes},
                             {"pieces_read_by_uploads", sl.misses},
                             {"reader_wait_s", sl.reader_wait_s},
@@ -305,12 +310,15 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
         warmup_s = engine.run({ids}, w).prefill_seconds;
     }
     RunResult r = engine.run(requests, opt);
+    // --repeat: the same batch again (every rank), each TTFT kept; outputs come from the first.
+    std::vector<double> again;
+    for (int i = 1; i < a.repeat; ++i) again.push_back(engine.run(requests, opt).prefill_seconds);
     if (mpi.rank() != 0) return 0;  // rank 0 holds the logits and prints
     check_logits_finite(r, engine.config().vocab_size);
     if (!a.logits_out.empty()) write_logits(a.logits_out, r, a.all_logits);
     if (!a.kv_out.empty()) write_kv_state(a.kv_out, r.out.kv, engine.config());
     if (a.json) {
-        print_json(a, engine, r, requests, warmup_s);
+        print_json(a, engine, r, requests, warmup_s, again);
         return 0;
     }
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -329,6 +337,8 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
             ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
             : std::string("CPU fp32"),
         a.cp, r.out.tbo_used ? "on" : "off");
+    if (!again.empty())
+        fmt::print("TTFT of the repeats: {:.3f} s\n", fmt::join(again, " s, "));
     return 0;
 }
 
@@ -370,6 +380,11 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--inject-fault-rank", args->inject_fault_rank,
                   "tests only: this GPU rank fails at layer 1 (checks that its peers stop)")
         ->group("");  // hidden from --help
+    c->add_option("--repeat", args->repeat,
+                  "run the batch this many times, printing each TTFT (the outputs are the "
+                  "first run's)")
+        ->check(CLI::Range(1, 1000))
+        ->capture_default_str();
     c->add_flag("--no-warmup", args->no_warmup,
                 "time the first batch cold (default: a 16-token warm-up batch runs first)");
     c->add_flag("--json", args->json, "print one JSON object instead of text (docs/cli.md)");

@@ -119,7 +119,9 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
     GpuGroupOptions go = options_.gpu;
     go.cp = options_.cp;
     go.weights = format_;
+    const auto t0 = std::chrono::steady_clock::now();
     gpu_ = std::make_unique<GpuGroup>(go);
+    gpu_setup_seconds_ = seconds_since(t0);
     // Under mpirun (local ranks given) only this process's ranks; otherwise all of them. From
     // the stored bytes: read ahead into pinned memory, decoded on the GPUs (docs/loading.md).
     // CPFILL_UPLOAD=host takes the older way instead (each layer read into host fp32 and

@@ -63,6 +63,7 @@ class PrefillEngine {
     GpuGroup::WeightStats gpu_weight_stats() const;
     // cuda: the stored upload's figures (all zero after CPFILL_UPLOAD=host).
     const GpuGroup::StoredLoad& gpu_stored_load() const { return stored_load_; }
+    double gpu_setup_seconds() const { return gpu_setup_seconds_; }  // part of load_seconds
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
     RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
 
@@ -81,6 +82,7 @@ class PrefillEngine {
     size_t load_bytes_ = 0;  // stored bytes read
     GpuWeightFormat format_ = GpuWeightFormat::Bf16;
     GpuGroup::StoredLoad stored_load_;  // cuda, stored upload
+    double gpu_setup_seconds_ = 0;      // cuda: creating the GPU group (contexts, NCCL)
 };
 
 // The format `--weights auto` means for a checkpoint: fp4 when its routed experts are stored as

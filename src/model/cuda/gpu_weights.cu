@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "core/dtype.h"
@@ -170,14 +171,20 @@ DeviceBuffer& gpu_top_slot(GpuWeights& g, const WeightSpec& spec) {
 
 // Device f32 (or a plain copy) of a weight's stored bytes, through the StoredReader: each piece
 // is copied to a device staging buffer (only the columns asked for, widened to whole scale
-// blocks and bytes) and decoded there. A bad element is read again on the host, whose loader
-// gives its error (a non-finite value, a scale that is not a power of two).
+// blocks and bytes) and decoded there, all queued on the default stream without waiting: a CUDA
+// host function after a piece's copies gives its slot back. Each read has a bad-element slot on
+// the device; check() looks at them all at once, and a bad element is read again on the host,
+// whose loader gives its error (a non-finite value, a scale that is not a power of two).
 class StoredFill {
   public:
     StoredFill(const Checkpoint& ck, StoredReader& rd) : ck_(ck), rd_(rd) {
-        CPFILL_CUDA_CHECK(cudaMalloc(&bad_, sizeof(*bad_)));
+        CPFILL_CUDA_CHECK(cudaMalloc(&bad_, kBadSlots * sizeof(*bad_)));
+        raw_ = DeviceBuffer(rd_.slot_bytes());
     }
-    ~StoredFill() { cudaFree(bad_); }
+    ~StoredFill() {
+        cudaDeviceSynchronize();  // host functions still queued refer to rd_
+        cudaFree(bad_);
+    }
     StoredFill(const StoredFill&) = delete;
     StoredFill& operator=(const StoredFill&) = delete;
 
@@ -190,7 +197,7 @@ class StoredFill {
         const StoredSlab& sl = slab(name);
         CPFILL_CHECK(0 <= c0 && c0 <= c1 && c1 <= sl.cols,
                      "weight {}: columns [{}, {}) of {}", name, c0, c1, sl.cols);
-        ops::cuda::reset_bad(bad_, nullptr);
+        unsigned long long* bad = next_bad(name);
         using K = StoredSlab::Kind;
         const bool fp4 = sl.kind == K::Fp4;
         const int64_t es = sl.kind == K::Float ? static_cast<int64_t>(dtype_size(sl.dtype)) : 1;
@@ -206,7 +213,10 @@ class StoredFill {
             const size_t soff = (wbytes + 255) / 256 * 256;
             const auto [s0, s1] = sl.scale_rows(a, b);
             const size_t need = soff + static_cast<size_t>((s1 - s0) * (sc1 - sc0) * ssize);
-            if (raw_.bytes() < need) raw_ = DeviceBuffer(std::max(need, rd_.slot_bytes()));
+            if (raw_.bytes() < need) {  // a piece read on the spot, larger than the slots
+                CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // the old buffer's readers
+                raw_ = DeviceBuffer(need);
+            }
             ops::cuda::StagedSlab st;
             st.kind = sl.kind == K::Fp8   ? ops::cuda::StagedSlab::Fp8
                       : fp4               ? ops::cuda::StagedSlab::Fp4
@@ -232,12 +242,10 @@ class StoredFill {
                 copy_2d(raw_.as<uint8_t>() + soff, st.s_pitch, p.s + (s0 - ps0) * srb + sc0 * ssize,
                         srb, st.s_pitch, s1 - s0);
             }
-            // The piece is on the device once the copies are done: its slot may be reused.
-            CPFILL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+            give_back(p);  // once the copies are done
             ops::cuda::decode_stored(st, a, b, c0, c1, sl.cols, dst + (a - r0) * (c1 - c0),
-                                     c1 - c0, bad_, nullptr);
-        });
-        check(name, sl.cols);
+                                     c1 - c0, bad, nullptr);
+        }, true);
     }
     // The whole weight `name` into dst as bf16 or f32 (n values) when it is stored so: a copy,
     // checked for non-finite values. False (nothing done) when it is stored otherwise.
@@ -247,16 +255,36 @@ class StoredFill {
             return false;
         CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU", name,
                      sl.rows * sl.cols, n);
-        ops::cuda::reset_bad(bad_, nullptr);
+        unsigned long long* bad = next_bad(name);
         rd_.read(name, 0, sl.rows, [&](const PieceBytes& p) {
             CPFILL_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + p.r0 * sl.row_bytes, p.w,
                                               static_cast<size_t>((p.r1 - p.r0) * sl.row_bytes),
                                               cudaMemcpyHostToDevice, nullptr));
-            CPFILL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-        });
-        ops::cuda::check_finite(dst, bf16, n, bad_, nullptr);
-        check(name, sl.cols);
+            give_back(p);
+        }, true);
+        ops::cuda::check_finite(dst, bf16, n, bad, nullptr);
         return true;
+    }
+    // Throws the host loader's error for the first bad element of the reads since the last
+    // check, if any (waits for them).
+    void check() {
+        if (names_.empty()) return;
+        std::vector<unsigned long long> bad(names_.size());
+        CPFILL_CUDA_CHECK(cudaMemcpy(bad.data(), bad_, bad.size() * sizeof(bad[0]),
+                                     cudaMemcpyDeviceToHost));
+        const std::vector<std::string> names = std::move(names_);
+        names_.clear();
+        for (size_t i = 0; i < bad.size(); ++i) {
+            if (bad[i] == ~0ull) continue;
+            const int64_t cols = slab(names[i]).cols;
+            const int64_t r = static_cast<int64_t>(bad[i]) / cols;
+            const int64_t c = static_cast<int64_t>(bad[i]) % cols;
+            float v = 0;
+            ck_.read_f32_block(names[i], r, r + 1, c, c + 1, &v);  // throws the host's error
+            CPFILL_FAIL("{}: weight {} element [{}, {}]: {} on the host but not finite as "
+                        "decoded on the GPU",
+                        ck_.dir(), names[i], r, c, v);
+        }
     }
 
   private:
@@ -268,22 +296,38 @@ class StoredFill {
                                             static_cast<size_t>(height), cudaMemcpyHostToDevice,
                                             nullptr));
     }
-    // Throws the host loader's error for the first bad element the GPU found, if any.
-    void check(const std::string& name, int64_t cols) {
-        unsigned long long bad = 0;
-        CPFILL_CUDA_CHECK(cudaMemcpy(&bad, bad_, sizeof(bad), cudaMemcpyDeviceToHost));
-        if (bad == ~0ull) return;
-        const int64_t r = static_cast<int64_t>(bad) / cols, c = static_cast<int64_t>(bad) % cols;
-        float v = 0;
-        ck_.read_f32_block(name, r, r + 1, c, c + 1, &v);  // throws the host's error for it
-        CPFILL_FAIL("{}: weight {} element [{}, {}]: {} on the host but not finite as decoded on "
-                    "the GPU",
-                    ck_.dir(), name, r, c, v);
+    // The bad-element slot of a new read of `name` (reset on the stream); checks the earlier
+    // reads first when the slots are used up.
+    unsigned long long* next_bad(const std::string& name) {
+        if (names_.size() == kBadSlots) check();
+        unsigned long long* b = bad_ + names_.size();
+        names_.push_back(name);
+        ops::cuda::reset_bad(b, nullptr);
+        return b;
     }
+    // Gives piece p's ring slot back once the copies queued so far have run (a host function on
+    // the stream); memory of the read's own needs nothing (see PieceBytes).
+    void give_back(const PieceBytes& p) {
+        if (p.entry < 0) return;
+        auto* job = new Release{&rd_, p.entry};
+        CPFILL_CUDA_CHECK(cudaLaunchHostFunc(
+            nullptr,
+            [](void* j) {
+                std::unique_ptr<Release> r(static_cast<Release*>(j));
+                r->rd->release(r->entry);
+            },
+            job));
+    }
+    struct Release {
+        StoredReader* rd;
+        int64_t entry;
+    };
+    static constexpr size_t kBadSlots = 4096;
     const Checkpoint& ck_;
     StoredReader& rd_;
     DeviceBuffer raw_;
     unsigned long long* bad_ = nullptr;
+    std::vector<std::string> names_;  // the reads since the last check, one bad slot each
 };
 
 // Builds device tensors at the table's GPU storage (model/weight_bytes.h): from host f32 (checked
@@ -761,6 +805,7 @@ GpuWeights upload_stored_top(const Checkpoint& ck, ExpertSlice slice, GpuWeightF
                              StoredReader& rd) {
     StoredFill sf(ck, rd);
     GpuWeights g = build_top(ck.config(), slice, format, 0, nullptr, &sf);
+    sf.check();
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return g;
 }
@@ -771,6 +816,7 @@ void upload_stored_layer(GpuWeights& g, int li, const Checkpoint& ck, StoredRead
     StoredFill sf(ck, rd);
     Builder b(0, &g);
     build_layer(b, g, li, nullptr, &sf);
+    sf.check();
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -183,7 +183,7 @@ void StoredReader::read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
 }
 
 void StoredReader::read(const std::string& name, int64_t r0, int64_t r1,
-                        const std::function<void(const PieceBytes&)>& use) {
+                        const std::function<void(const PieceBytes&)>& use, bool defer) {
     std::unique_lock<std::mutex> lk(mu_);
     const StoredSlab& sl = slab_of(name);
     CPFILL_CHECK(0 <= r0 && r0 <= r1 && r1 <= sl.rows,
@@ -220,22 +220,27 @@ void StoredReader::read(const std::string& name, int64_t r0, int64_t r1,
         uint8_t* base = slots_[e->slot];
         const size_t wb = static_cast<size_t>((p1 - p0) * sl.row_bytes);
         const PieceBytes pb{base, sl.s ? base + align_up(wb) : nullptr, p0, p1,
-                            !slot_pageable_[e->slot]};
+                            !slot_pageable_[e->slot], e - plan_.data()};
         lk.unlock();
         try {
             use(pb);
         } catch (...) {
             lk.lock();
-            release(*e);
+            release_locked(*e);  // whatever `use` queued is waited for by its caller's handler
             throw;
         }
         lk.lock();
-        release(*e);
+        if (!defer) release_locked(*e);
         r = p1;
     }
 }
 
-void StoredReader::release(Entry& e) {
+void StoredReader::release(int64_t entry) {
+    std::lock_guard<std::mutex> lk(mu_);
+    release_locked(plan_.at(static_cast<size_t>(entry)));
+}
+
+void StoredReader::release_locked(Entry& e) {
     --e.in_use;
     ++e.released;
     if (e.released >= e.piece.users && e.in_use == 0 && e.state == State::Ready) {

@@ -30,12 +30,15 @@ struct StoredPiece {
 };
 
 // The bytes of a piece: its slab rows (row_bytes apart) and the scale rows they use
-// (StoredSlab::scale_rows); `pinned` when they lie in page-locked memory.
+// (StoredSlab::scale_rows); `pinned` when they lie in page-locked memory. `entry` >= 0: a slot
+// of the ring, held until released; −1: memory of the read's own, freed when its `use` returns
+// (a copy from pageable memory has read it by the time cudaMemcpy*Async returns).
 struct PieceBytes {
     const uint8_t* w = nullptr;
     const uint8_t* s = nullptr;
     int64_t r0 = 0, r1 = 0;
     bool pinned = false;
+    int64_t entry = -1;
 };
 
 // The upload plan: the pieces in the order the upload asks for them, and every weight's slab.
@@ -62,9 +65,14 @@ class StoredReader {
     StoredReader& operator=(const StoredReader&) = delete;
 
     // Calls use(bytes) for each piece covering rows [r0, r1) of `name` (in row order; a piece may
-    // start before r0 and end after r1), the piece held for the call. Thread-safe.
+    // start before r0 and end after r1), the piece held for the call, or with `defer` until
+    // release(bytes.entry) (for asynchronous copies out of it: a CUDA host function after them).
+    // Thread-safe.
     void read(const std::string& name, int64_t r0, int64_t r1,
-              const std::function<void(const PieceBytes&)>& use);
+              const std::function<void(const PieceBytes&)>& use, bool defer = false);
+    // Ends a deferred hold of a ring slot (PieceBytes::entry >= 0). Thread-safe; makes no CUDA
+    // call, so a CUDA host function may call it.
+    void release(int64_t entry);
     // Weight `name`'s slab (the plan's, or looked up). Thread-safe; the reference stays valid.
     const StoredSlab& slab(const std::string& name);
     size_t slot_bytes() const { return slot_bytes_; }
@@ -88,7 +96,7 @@ class StoredReader {
     void copy_piece(const StoredSlab& sl, int64_t r0, int64_t r1, uint8_t* dst) const;
     void read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
                   const std::function<void(const PieceBytes&)>& use);
-    void release(Entry& e);                              // under mu_
+    void release_locked(Entry& e);                       // under mu_
     void allocate_slot(int s);
     const StoredSlab& slab_of(const std::string& name);  // cached, under mu_ (or before threads)
 

@@ -162,6 +162,21 @@ TEST(Cli, JsonOutput) {
     EXPECT_GT(j["timings"]["ttft_s"].get<double>(), 0.0);
     EXPECT_GT(j["timings"]["warmup_s"].get<double>(), 0.0);  // a warm-up batch ran first
     EXPECT_GT(j["memory"]["peak_rss_bytes"].get<int64_t>(), 0);
+    EXPECT_TRUE(j["timings"]["repeat_ttft_s"].empty());  // no --repeat
+}
+
+TEST(Cli, RepeatTimesTheBatchAgainWithTheSameOutputs) {
+    Result once = run_cli("run --model " + kFixture + " --input-ids 3,4,5,6 --json");
+    Result r = run_cli("run --model " + kFixture + " --input-ids 3,4,5,6 --json --repeat 3");
+    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(once.code, 0) << once.out;
+    auto j = nlohmann::json::parse(r.out), k = nlohmann::json::parse(once.out);
+    ASSERT_EQ(j["timings"]["repeat_ttft_s"].size(), 2u);  // the first run is ttft_s
+    for (const auto& t : j["timings"]["repeat_ttft_s"]) EXPECT_GT(t.get<double>(), 0.0);
+    EXPECT_EQ(j["requests"], k["requests"]);
+    Result bad = run_cli("run --model " + kFixture + " --input-ids 3 --repeat 0");
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.out.find("--repeat"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, UsageErrorExitsWithTwo) {
