@@ -5,8 +5,8 @@
 # generated into a temporary folder, then `run --device cuda` loading it with --weights fp8 (fp4
 # experts re-encoded into fp8) and auto (fp4 kept), for each upload in LOAD_UPLOADS ("stored":
 # stored bytes decoded on the GPU, the default; "host": host fp32, the older way). GB/s = stored
-# bytes / load seconds, from the page cache (the checkpoint was just written); LOAD_ARGS adds
-# arguments to the runs (e.g. --threads 8). Results in $OUT.
+# bytes / load seconds, from the page cache (the checkpoint was just written); LOAD_THREADS lists
+# --threads values (0: all). Results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
@@ -35,18 +35,36 @@ echo "load-check: generated $((bytes / 1000000)) MB in $(python3 -c "print(round
 status=0
 for up in ${LOAD_UPLOADS:-stored}; do
 for w in ${LOAD_WEIGHTS:-fp8 auto fp8 auto}; do
-    CPFILL_UPLOAD=$up "$bin" run --model "$dir/m" --device cuda --weights "$w" \
-        --input-ids 1,2,3,4,5,6,7,8 ${LOAD_ARGS:-} --json >"$out/load-$up-$w.json" 2>"$out/load-$up-$w.log" ||
-        { status=1; tail -3 "$out/load-$up-$w.log"; continue; }
-    python3 - "$out/load-$up-$w.json" "$bytes" "$w" "$up" <<'PY'
+for th in ${LOAD_THREADS:-0}; do
+    log="$out/load-$up-$w-$th"
+    CPFILL_UPLOAD=$up "$bin" run --model "$dir/m" --device cuda --weights "$w" --threads "$th" \
+        --input-ids 1,2,3,4,5,6,7,8 --json >"$log.json" 2>"$log.log" ||
+        { status=1; tail -3 "$log.log"; continue; }
+    python3 - "$log.json" "$bytes" "$w" "$up" "$th" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1])); b = int(sys.argv[2]); t = j["timings"]["load_s"]
-print(f"load-check: {sys.argv[4]} upload, --weights {sys.argv[3]} ({j['gpu']['weights']}): "
-      f"load {t:.2f} s, {b / t / 1e9:.2f} GB/s of {b / 1e9:.2f} GB stored; "
-      f"first token {j['requests'][0]['first_token']}")
+print(f"load-check: {sys.argv[4]} upload, --weights {sys.argv[3]} ({j['gpu']['weights']}), "
+      f"--threads {sys.argv[5]}: load {t:.2f} s, {b / t / 1e9:.2f} GB/s of {b / 1e9:.2f} GB "
+      f"stored; first token {j['requests'][0]['first_token']}")
 if "load" in j["gpu"]:
     print("load-check:   ", json.dumps(j["gpu"]["load"]))
 PY
 done
 done
+done
+# LOAD_TTFT=N: an N-token prompt run 3 times in one process, cold (--no-warmup) and after the
+# 16-token warm-up: the first prefill of a process against the warm ones.
+if [ -n "${LOAD_TTFT:-}" ]; then
+    python3 -c "print(','.join(str(i * 7919 % 50000) for i in range(${LOAD_TTFT})))" >"$dir/ids.txt"
+    for wu in --no-warmup ""; do
+        "$bin" run --model "$dir/m" --device cuda --input-ids-file "$dir/ids.txt" --repeat 3 $wu \
+            --json >"$out/ttft$wu.json" 2>"$out/ttft$wu.log" || { status=1; tail -3 "$out/ttft$wu.log"; continue; }
+        python3 - "$out/ttft$wu.json" "$wu" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["timings"]
+print(f"load-check: {sys.argv[2] or 'warm-up'}: warm-up {t['warmup_s'] * 1e3:.1f} ms, TTFT "
+      f"{t['ttft_s'] * 1e3:.1f} ms, then " + ", ".join(f"{x * 1e3:.1f}" for x in t["repeat_ttft_s"]) + " ms")
+PY
+    done
+fi
 exit $status

@@ -71,6 +71,31 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm,
                                            GemmShape{133, 512, 1000}, GemmShape{300, 1024, 257},
                                            GemmShape{1000, 4096, 512}));
 
+// Row counts of one plan class (gemm.cu plan_rows: 257–320, 1281–1536) and around its edges, in
+// one context, largest first and smallest first: each result equals the CPU's, so the plan's
+// layouts follow the row count (a plan kept at the first n would compute the wrong rows).
+TEST(CudaGemm, RowCountsSharingAPlanEachMatchCpu) {
+    SKIP_WITHOUT_GPU();
+    const int64_t in = 256, out = 384;
+    const auto w = random_bf16(out * in, 9, 0.05f);
+    const auto dw = cuda::upload_bf16(w.data(), w.size());
+    ops::cuda::GemmContext ctx;
+    for (const std::vector<int64_t>& ns : {std::vector<int64_t>{320, 257, 300, 256, 321},
+                                           std::vector<int64_t>{1281, 1536, 1400, 1537}}) {
+        for (const int64_t n : ns) {
+            const auto x = random_bf16(n * in, 10 + n);
+            std::vector<float> ref(n * out);
+            ops::linear(x.data(), n, in, w.data(), out, ref.data());
+            const auto dx = cuda::upload_bf16(x.data(), x.size());
+            cuda::DeviceBuffer y(n * out * 4);
+            ops::cuda::linear_bf16(ctx, dx.as<__nv_bfloat16>(), n, in, dw.as<__nv_bfloat16>(), out,
+                                   nullptr, y.as<float>(), false, nullptr);
+            CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+            EXPECT_LE(rel_err(cuda::download_f32(y, n * out), ref), 1e-4) << "n " << n;
+        }
+    }
+}
+
 class CudaRmsnorm : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
 
 TEST_P(CudaRmsnorm, MatchesCpu) {

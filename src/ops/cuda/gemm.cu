@@ -34,8 +34,8 @@ struct Descs {
         if (lc) cublasLtMatrixLayoutDestroy(lc);
         if (desc) cublasLtMatmulDescDestroy(desc);
     }
-    GemmContext::Plan release(cublasLtMatmulAlgo_t algo) {
-        GemmContext::Plan p{desc, la, lb, lc, algo};
+    GemmContext::Plan release(cublasLtMatmulAlgo_t algo, int64_t n) {
+        GemmContext::Plan p{desc, la, lb, lc, algo, n};
         desc = nullptr;
         la = lb = lc = nullptr;
         return p;
@@ -49,7 +49,9 @@ uint32_t alignment(const void* p) {
     return a;
 }
 
-cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int64_t in, int64_t out,
+cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, cublasLtMatmulDesc_t desc,
+                               cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                               cublasLtMatrixLayout_t lc, int64_t n, int64_t in, int64_t out,
                                const uint32_t align[3]) {
     cublasLtMatmulPreference_t pref = nullptr;
     CPFILL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -64,8 +66,8 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int6
         cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &values[i], sizeof(uint32_t));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle(), d.desc, d.la, d.lb, d.lc, d.lc,
-                                                       pref, 1, &heur, &found);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc, la, lb, lc, lc, pref, 1,
+                                                       &heur, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     CPFILL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
                  "cuBLASLt has no algorithm for a GEMM of [{}, {}] x [{}, {}]ᵀ (status {})", n, in,
@@ -75,6 +77,21 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, const Descs& d, int64_t n, int6
 
 enum InKind { kBf16 = 0, kF32 = 1, kFp8Tile = 2, kFp8Row = 3 };
 
+// The row counts that share a plan: n itself up to 64, then multiples of 16 up to 256, then
+// quarter octaves (257–320, 321–384, …, 1281–1536, …). cuBLASLt's heuristic is asked once per
+// class, for the first row count seen in it; its algorithm runs any row count of the class.
+// Per-expert GEMMs see a new row count for nearly every expert of every batch, and each
+// heuristic call costs ~0.2 ms of host time: exact-n plans made a server's every new prompt, and
+// a process's first batch after the warm-up, pay it per expert and layer (docs/performance-notes.md).
+int64_t plan_rows(int64_t n) {
+    if (n <= 64) return n;
+    if (n <= 256) return (n + 15) / 16 * 16;
+    int64_t octave = 256;
+    while (octave * 2 < n) octave *= 2;
+    const int64_t step = octave / 4;
+    return (n + step - 1) / step * step;
+}
+
 // y (fp32 or bf16) = x·wᵀ with x, w both fp32, both bf16 or both e4m3 (block-scaled by w_scale /
 // x_scale); see gemm_bf16 and gemm_fp8.
 void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t in, const void* w,
@@ -83,7 +100,7 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
                const float* x_scale = nullptr) {
     const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
     const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
-    const GemmContext::Key key{n, in, out, ldx, ldy, y_f32, accumulate, align_key, kind};
+    const GemmContext::Key key{plan_rows(n), in, out, ldx, ldy, y_f32, accumulate, align_key, kind};
     const bool fp8 = kind == kFp8Tile || kind == kFp8Row;
     auto it = ctx.plans().find(key);
     if (it == ctx.plans().end()) {
@@ -116,10 +133,18 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, in_type, in, out, in));
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, in_type, in, n, ldx));
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
-        const cublasLtMatmulAlgo_t algo = pick_algo(ctx, d, n, in, out, align);
-        it = ctx.plans().emplace(key, d.release(algo)).first;
+        const cublasLtMatmulAlgo_t algo = pick_algo(ctx, d.desc, d.la, d.lb, d.lc, n, in, out, align);
+        it = ctx.plans().emplace(key, d.release(algo, n)).first;
     }
-    const GemmContext::Plan& p = it->second;
+    GemmContext::Plan& p = it->second;
+    if (p.n != n) {  // another row count of the plan's class
+        const uint64_t cols = static_cast<uint64_t>(n);
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(p.lb, CUBLASLT_MATRIX_LAYOUT_COLS,
+                                                             &cols, sizeof(cols)));
+        CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(p.lc, CUBLASLT_MATRIX_LAYOUT_COLS,
+                                                             &cols, sizeof(cols)));
+        p.n = n;
+    }
     if (fp8) {
         CPFILL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
@@ -127,9 +152,15 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
             p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
     }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CPFILL_CUBLAS_CHECK(cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y,
-                                       p.lc, y, p.lc, &p.algo, ctx.workspace(),
-                                       ctx.workspace_bytes(), stream));
+    cublasStatus_t st =
+        cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y, p.lc, y, p.lc,
+                       &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the class's algorithm refuses this row count
+        p.algo = pick_algo(ctx, p.desc, p.la, p.lb, p.lc, n, in, out, align);
+        st = cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y, p.lc, y,
+                            p.lc, &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+    }
+    CPFILL_CUBLAS_CHECK(st);
 }
 
 }  // namespace

@@ -24,9 +24,10 @@ class GemmContext {
     cublasLtHandle_t handle() const { return handle_; }
     void* workspace() const { return workspace_; }
     size_t workspace_bytes() const { return workspace_bytes_; }
-    // The descriptors and cuBLASLt's heuristic choice per problem (n, in, out, ldx, ldy, fp32
-    // out, accumulate, pointer alignments), made once: a repeated shape (every layer, every
-    // expert of the same row count) costs only the cublasLtMatmul call on the host.
+    // The descriptors and cuBLASLt's heuristic choice per problem (row-count class of n — see
+    // plan_rows in gemm.cu —, in, out, ldx, ldy, fp32 out, accumulate, pointer alignments), made
+    // once: a repeated shape (every layer, every expert of a similar row count) costs only the
+    // cublasLtMatmul call on the host and a layout update when n changes within the class.
     // The last field: the input kind (0 bf16, 1 fp32, 2 fp8 with 128×128 weight blocks, 3 fp8 with
     // 1×128 weight blocks).
     using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int>;
@@ -34,6 +35,7 @@ class GemmContext {
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
         cublasLtMatmulAlgo_t algo{};
+        int64_t n = 0;  // the row count lb / lc are set to
     };
     std::map<Key, Plan>& plans() { return plans_; }
 

@@ -252,9 +252,11 @@ GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, Pr
     const ModelConfig& cfg = ck.config();
     std::vector<ExpertSlice> slices;
     for (const auto& r : g.ranks) slices.push_back({r->rank, r->cp});
-    // Pieces of up to 16 MiB in 2 · threads + 2 slots: the readers stay a few pieces ahead of
-    // every GPU (docs/loading.md).
-    threads = std::max(1, threads);
+    // Pieces of up to 16 MiB in 2 · readers + 2 slots: the readers stay a few pieces ahead of
+    // every GPU. Four readers per GPU (at most `threads`): on the H200 machine 4 uploaded 4.4 GB
+    // in 0.36 s and 16 in 0.53 s, their copies competing with the GPU's for host memory
+    // (docs/loading.md).
+    threads = std::clamp(threads, 1, 4 * static_cast<int>(slices.size()));
     cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, slices, size_t{16} << 20), threads,
                           2 * threads + 2, bar);
     g.on_ranks([&](size_t i, const cuda::AbortFlag& abort) {
