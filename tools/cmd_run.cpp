@@ -337,8 +337,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
             ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
             : std::string("CPU fp32"),
         a.cp, r.out.tbo_used ? "on" : "off");
-    if (!again.empty())
-        fmt::print("TTFT of the repeats: {:.3f} s\n", fmt::join(again, " s, "));
+    if (!again.empty()) fmt::print("TTFT of the repeats: {:.3f} s\n", fmt::join(again, " s, "));
     return 0;
 }
 

@@ -137,9 +137,9 @@ class GpuGroup {
     // f32; the same device weights as load_top + load_layer). `bar` (may be null) counts the
     // bytes read.
     struct StoredLoad {
-        size_t bytes = 0;     // stored bytes read
-        size_t misses = 0;    // pieces the uploads read themselves (the readers were behind)
-        double seconds = 0;   // the whole of load_stored
+        size_t bytes = 0;    // stored bytes read
+        size_t misses = 0;   // pieces the uploads read themselves (the readers were behind)
+        double seconds = 0;  // the whole of load_stored
         double reader_wait_s = 0, upload_wait_s = 0;  // StoredReader's waits, summed
     };
     StoredLoad load_stored(const Checkpoint& ck, int threads, Progress* bar);

@@ -1,7 +1,8 @@
-// Attention on the GPU against ops/attention.h: sliding (window only), HCA (all eligible entries)
-// and CSA (chosen entries with −1 padding) key lists, 1 to 128 heads (partial head groups), queries
-// at the edges of the window and of the compressed windows, sinks that dominate. bf16 output:
-// tolerance 1e-2 of the tensor's scale. The kernel's rate: bench/kernel_bench.cpp.
+// The GPU attention (attention_tc) against ops/attention.h at the edge positions: sliding (window
+// only), HCA (all eligible entries) and CSA (chosen entries with −1 padding) key lists, 1 to 128
+// heads (partial head groups), queries at the edges of the window and of the compressed windows,
+// sinks that dominate. bf16 output: tolerance 1e-2 of the tensor's scale. The grid of shapes is in
+// test_attention_tc_cuda.cpp; the kernel's rate: bench/kernel_bench.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -126,7 +127,7 @@ TEST_P(CudaAttention, MatchesCpu) {
     AttnData d = make_data(c, 60);
     std::vector<float> ref = cpu_attention(c, d);
     DeviceAttn dev(c, d);
-    ops::cuda::attention(dev.args, nullptr);
+    ops::cuda::attention_tc(dev.args, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     Diff diffs = print_diff("out", diff(cuda::download_bf16(dev.out, ref.size()), ref));
     EXPECT_LE(diffs.rel, 1e-2) << diffs.str();

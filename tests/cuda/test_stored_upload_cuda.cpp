@@ -1,10 +1,10 @@
 // The GPU upload from stored bytes (model/cuda/gpu_weights.h upload_stored_*, docs/loading.md):
 // for checkpoints of every stored form (f32, bf16, fp8 + fp8 experts, fp8 + fp4 experts; flat
-// and stacked hf-module naming; tiny: sliding, CSA and HCA layers, hash and learned routing) and --cp 1 / 2 / 3 (slices that cut fp4 bytes and fp8 tiles), the
-// device weights equal, byte for byte, those uploaded from the host loader's f32
-// (load_rank_weights + upload_weights), with the ranks' uploads running at once on threads as
-// GpuGroup runs them, and with a plan for one rank only (a process under mpirun). A NaN weight or
-// an E8M0 NaN scale gives the host loader's error.
+// and stacked hf-module naming; tiny: sliding, CSA and HCA layers, hash and learned routing) and
+// --cp 1 / 2 / 3 (slices that cut fp4 bytes and fp8 tiles), the device weights equal, byte for
+// byte, those uploaded from the host loader's f32 (load_rank_weights + upload_weights), with the
+// ranks' uploads running at once on threads as GpuGroup runs them, and with a plan for one rank
+// only (a process under mpirun). A NaN weight or an E8M0 NaN scale gives the host loader's error.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -51,7 +51,8 @@ std::vector<uint8_t> bytes_of(const cuda::DeviceBuffer& b) {
 }
 
 // Every buffer of `got` equals `want`'s; the counters too.
-void expect_same(const cuda::GpuWeights& got, const cuda::GpuWeights& want, const std::string& what) {
+void expect_same(const cuda::GpuWeights& got, const cuda::GpuWeights& want,
+                 const std::string& what) {
     const auto g = cuda::device_buffers(got), w = cuda::device_buffers(want);
     ASSERT_EQ(g.size(), w.size()) << what;
     for (size_t i = 0; i < g.size(); ++i) {
@@ -120,7 +121,8 @@ TEST_P(StoredUpload, EqualsTheHostUploadByteForByte) {
                 expect_same(got[r], cuda::upload_weights(host[r], format),
                             what + fmt::format(" rank {}", r));
             // One process's rank alone (mpirun): its plan holds only its rows of w1 / w3.
-            const std::vector<cuda::GpuWeights> last = stored_upload(ck, cp, format, {cp - 1}, nullptr);
+            const std::vector<cuda::GpuWeights> last =
+                stored_upload(ck, cp, format, {cp - 1}, nullptr);
             expect_same(last[0], cuda::upload_weights(host[cp - 1], format), what + " alone");
             std::printf("[ info ] %s: %zu pieces read on the spot\n", what.c_str(), misses);
         }
@@ -161,8 +163,8 @@ TEST(StoredUploadErrors, ABadWeightGivesTheHostLoadersError) {
             host = x.what();
         }
         try {
-            cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1,
-                                  2, nullptr);
+            cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1, 2,
+                                  nullptr);
             cuda::GpuWeights w = cuda::upload_stored_top(ck, {0, 1}, GpuWeightFormat::Bf16, rd);
             for (int li = 0; li < ck.config().n_layers; ++li)
                 cuda::upload_stored_layer(w, li, ck, rd);
@@ -186,8 +188,8 @@ TEST(StoredUploadErrors, ABadWeightGivesTheHostLoadersError) {
             host = x.what();
         }
         try {
-            cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1,
-                                  2, nullptr);
+            cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1, 2,
+                                  nullptr);
             cuda::GpuWeights w = cuda::upload_stored_top(ck, {0, 1}, GpuWeightFormat::Fp4, rd);
             for (int li = 0; li < ck.config().n_layers; ++li)
                 cuda::upload_stored_layer(w, li, ck, rd);

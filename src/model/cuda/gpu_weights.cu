@@ -195,8 +195,8 @@ class StoredFill {
     // c1 − c0 per row.
     void f32(const std::string& name, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* dst) {
         const StoredSlab& sl = slab(name);
-        CPFILL_CHECK(0 <= c0 && c0 <= c1 && c1 <= sl.cols,
-                     "weight {}: columns [{}, {}) of {}", name, c0, c1, sl.cols);
+        CPFILL_CHECK(0 <= c0 && c0 <= c1 && c1 <= sl.cols, "weight {}: columns [{}, {}) of {}",
+                     name, c0, c1, sl.cols);
         unsigned long long* bad = next_bad(name);
         using K = StoredSlab::Kind;
         const bool fp4 = sl.kind == K::Fp4;
@@ -206,46 +206,49 @@ class StoredFill {
         const int64_t ssize = sl.sdtype == DType::F32 ? 4 : 1;
         const int64_t sc0 = sl.s ? c0 / sl.col_block : 0;
         const int64_t sc1 = sl.s && c1 > c0 ? (c1 - 1) / sl.col_block + 1 : sc0;
-        rd_.read(name, r0, r1, [&](const PieceBytes& p) {
-            const int64_t a = std::max(r0, p.r0), b = std::min(r1, p.r1);
-            if (a >= b || c0 == c1) return;
-            const size_t wbytes = static_cast<size_t>((b1 - b0) * (b - a));
-            const size_t soff = (wbytes + 255) / 256 * 256;
-            const auto [s0, s1] = sl.scale_rows(a, b);
-            const size_t need = soff + static_cast<size_t>((s1 - s0) * (sc1 - sc0) * ssize);
-            if (raw_.bytes() < need) {  // a piece read on the spot, larger than the slots
-                CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // the old buffer's readers
-                raw_ = DeviceBuffer(need);
-            }
-            ops::cuda::StagedSlab st;
-            st.kind = sl.kind == K::Fp8   ? ops::cuda::StagedSlab::Fp8
-                      : fp4               ? ops::cuda::StagedSlab::Fp4
-                      : sl.dtype == DType::BF16 ? ops::cuda::StagedSlab::BF16
-                      : sl.dtype == DType::F16  ? ops::cuda::StagedSlab::F16
-                                                : ops::cuda::StagedSlab::F32;
-            st.w = raw_.as<uint8_t>();
-            st.w_pitch = b1 - b0;
-            st.w_row0 = a;
-            st.w_col0 = col0;
-            copy_2d(raw_.as<uint8_t>(), b1 - b0, p.w + (a - p.r0) * sl.row_bytes + b0,
-                    sl.row_bytes, b1 - b0, b - a);
-            if (sl.s) {
-                const int64_t ps0 = sl.scale_rows(p.r0, p.r1).first, srb = sl.scale_row_bytes();
-                st.s = raw_.as<uint8_t>() + soff;
-                st.s_f32 = ssize == 4;
-                st.s_pitch = (sc1 - sc0) * ssize;
-                st.s_row0 = s0;
-                st.s_col0 = sc0;
-                st.s_row_off = sl.s_row_off;
-                st.row_block = sl.row_block;
-                st.col_block = sl.col_block;
-                copy_2d(raw_.as<uint8_t>() + soff, st.s_pitch, p.s + (s0 - ps0) * srb + sc0 * ssize,
-                        srb, st.s_pitch, s1 - s0);
-            }
-            give_back(p);  // once the copies are done
-            ops::cuda::decode_stored(st, a, b, c0, c1, sl.cols, dst + (a - r0) * (c1 - c0),
-                                     c1 - c0, bad, nullptr);
-        }, true);
+        rd_.read(
+            name, r0, r1,
+            [&](const PieceBytes& p) {
+                const int64_t a = std::max(r0, p.r0), b = std::min(r1, p.r1);
+                if (a >= b || c0 == c1) return;
+                const size_t wbytes = static_cast<size_t>((b1 - b0) * (b - a));
+                const size_t soff = (wbytes + 255) / 256 * 256;
+                const auto [s0, s1] = sl.scale_rows(a, b);
+                const size_t need = soff + static_cast<size_t>((s1 - s0) * (sc1 - sc0) * ssize);
+                if (raw_.bytes() < need) {  // a piece read on the spot, larger than the slots
+                    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());  // the old buffer's readers
+                    raw_ = DeviceBuffer(need);
+                }
+                ops::cuda::StagedSlab st;
+                st.kind = sl.kind == K::Fp8         ? ops::cuda::StagedSlab::Fp8
+                          : fp4                     ? ops::cuda::StagedSlab::Fp4
+                          : sl.dtype == DType::BF16 ? ops::cuda::StagedSlab::BF16
+                          : sl.dtype == DType::F16  ? ops::cuda::StagedSlab::F16
+                                                    : ops::cuda::StagedSlab::F32;
+                st.w = raw_.as<uint8_t>();
+                st.w_pitch = b1 - b0;
+                st.w_row0 = a;
+                st.w_col0 = col0;
+                copy_2d(raw_.as<uint8_t>(), b1 - b0, p.w + (a - p.r0) * sl.row_bytes + b0,
+                        sl.row_bytes, b1 - b0, b - a);
+                if (sl.s) {
+                    const int64_t ps0 = sl.scale_rows(p.r0, p.r1).first, srb = sl.scale_row_bytes();
+                    st.s = raw_.as<uint8_t>() + soff;
+                    st.s_f32 = ssize == 4;
+                    st.s_pitch = (sc1 - sc0) * ssize;
+                    st.s_row0 = s0;
+                    st.s_col0 = sc0;
+                    st.s_row_off = sl.s_row_off;
+                    st.row_block = sl.row_block;
+                    st.col_block = sl.col_block;
+                    copy_2d(raw_.as<uint8_t>() + soff, st.s_pitch,
+                            p.s + (s0 - ps0) * srb + sc0 * ssize, srb, st.s_pitch, s1 - s0);
+                }
+                give_back(p);  // once the copies are done
+                ops::cuda::decode_stored(st, a, b, c0, c1, sl.cols, dst + (a - r0) * (c1 - c0),
+                                         c1 - c0, bad, nullptr);
+            },
+            true);
     }
     // The whole weight `name` into dst as bf16 or f32 (n values) when it is stored so: a copy,
     // checked for non-finite values. False (nothing done) when it is stored otherwise.
@@ -256,12 +259,16 @@ class StoredFill {
         CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU", name,
                      sl.rows * sl.cols, n);
         unsigned long long* bad = next_bad(name);
-        rd_.read(name, 0, sl.rows, [&](const PieceBytes& p) {
-            CPFILL_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + p.r0 * sl.row_bytes, p.w,
-                                              static_cast<size_t>((p.r1 - p.r0) * sl.row_bytes),
-                                              cudaMemcpyHostToDevice, nullptr));
-            give_back(p);
-        }, true);
+        rd_.read(
+            name, 0, sl.rows,
+            [&](const PieceBytes& p) {
+                CPFILL_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + p.r0 * sl.row_bytes,
+                                                  p.w,
+                                                  static_cast<size_t>((p.r1 - p.r0) * sl.row_bytes),
+                                                  cudaMemcpyHostToDevice, nullptr));
+                give_back(p);
+            },
+            true);
         ops::cuda::check_finite(dst, bf16, n, bad, nullptr);
         return true;
     }
@@ -270,8 +277,8 @@ class StoredFill {
     void check() {
         if (names_.empty()) return;
         std::vector<unsigned long long> bad(names_.size());
-        CPFILL_CUDA_CHECK(cudaMemcpy(bad.data(), bad_, bad.size() * sizeof(bad[0]),
-                                     cudaMemcpyDeviceToHost));
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(bad.data(), bad_, bad.size() * sizeof(bad[0]), cudaMemcpyDeviceToHost));
         const std::vector<std::string> names = std::move(names_);
         names_.clear();
         for (size_t i = 0; i < bad.size(); ++i) {
@@ -281,9 +288,10 @@ class StoredFill {
             const int64_t c = static_cast<int64_t>(bad[i]) % cols;
             float v = 0;
             ck_.read_f32_block(names[i], r, r + 1, c, c + 1, &v);  // throws the host's error
-            CPFILL_FAIL("{}: weight {} element [{}, {}]: {} on the host but not finite as "
-                        "decoded on the GPU",
-                        ck_.dir(), names[i], r, c, v);
+            CPFILL_FAIL(
+                "{}: weight {} element [{}, {}]: {} on the host but not finite as "
+                "decoded on the GPU",
+                ck_.dir(), names[i], r, c, v);
         }
     }
 
@@ -586,11 +594,12 @@ void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h, StoredFill
         const bool w13 = spec.slot == WeightSlot::W1;
         const bool expert = spec.shard != CpShard::Replicated;  // routed or shared
         const int64_t rows = expert ? (w13 ? 2 * width : D) : spec.shape[0];
-        const int64_t cols = expert ? (w13 ? D : width) : (spec.shape.size() > 1 ? spec.shape[1] : 1);
+        const int64_t cols =
+            expert ? (w13 ? D : width) : (spec.shape.size() > 1 ? spec.shape[1] : 1);
         // Matrix e of this weight (routed: expert e; otherwise the one matrix) from the checkpoint.
         const auto stored_matrix = [&, spec](int64_t e, float* dev) {
-            const std::string w = spec.expert == 0 ? expert_weight(li, e, w13 ? "w1" : "w2")
-                                                   : spec.name;
+            const std::string w =
+                spec.expert == 0 ? expert_weight(li, e, w13 ? "w1" : "w2") : spec.name;
             if (!expert) {
                 sf->f32(w, 0, rows, 0, cols, dev);
             } else if (w13) {

@@ -15,8 +15,8 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/model_config.h"
-#include "model/weight_bytes.h"
 #include "model/cuda/stored_reader.h"
+#include "model/weight_bytes.h"
 #include "model/weights.h"
 #include "runtime/cuda/buffer.h"
 

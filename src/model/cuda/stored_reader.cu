@@ -1,6 +1,4 @@
 // StoredReader (stored_reader.h): a ring of pinned slots filled in plan order by reader threads.
-#include "model/cuda/stored_reader.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/cuda/stored_reader.h"
 
 namespace cpfill::cuda {
 
@@ -35,6 +34,16 @@ size_t piece_bytes(const StoredSlab& slab, int64_t r0, int64_t r1) {
            static_cast<size_t>((s1 - s0) * slab.scale_row_bytes());
 }
 
+namespace {
+
+// The stored bytes of a piece (what bytes_read and the progress count: no padding).
+size_t stored_bytes(const StoredSlab& slab, int64_t r0, int64_t r1) {
+    const auto [s0, s1] = slab.scale_rows(r0, r1);
+    return static_cast<size_t>((r1 - r0) * slab.row_bytes + (s1 - s0) * slab.scale_row_bytes());
+}
+
+}  // namespace
+
 int64_t rows_per_piece(const StoredSlab& slab, size_t max_bytes) {
     const int64_t srb = slab.s ? slab.scale_row_bytes() : 0;
     // Per row: its bytes and (fp4) its scale row; fp8 pieces also carry a scale row per 128 rows,
@@ -49,7 +58,9 @@ int64_t rows_per_piece(const StoredSlab& slab, size_t max_bytes) {
 
 StoredReader::StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, int slots,
                            Progress* bar)
-    : ck_(ck), slabs_(std::move(plan.slabs)), slot_bytes_(align_up(std::max<size_t>(plan.max_piece_bytes, size_t{1} << 20))),
+    : ck_(ck),
+      slabs_(std::move(plan.slabs)),
+      slot_bytes_(align_up(std::max<size_t>(plan.max_piece_bytes, size_t{1} << 20))),
       bar_(bar) {
     CPFILL_CHECK(threads >= 1 && slots >= 1, "stored reader: {} threads, {} slots", threads, slots);
     plan_.reserve(plan.pieces.size());
@@ -154,7 +165,7 @@ void StoredReader::reader_loop() {
         free_slots_.pop_back();
         e.state = State::Reading;
         const StoredSlab& sl = slabs_.at(e.piece.name);
-        const size_t n = piece_bytes(sl, e.piece.r0, e.piece.r1);
+        const size_t n = stored_bytes(sl, e.piece.r0, e.piece.r1);
         const int slot = e.slot;
         lk.unlock();
         if (!slots_[slot]) allocate_slot(slot);  // slots_[slot] is this thread's while it holds it
@@ -169,8 +180,8 @@ void StoredReader::reader_loop() {
 
 void StoredReader::read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
                             const std::function<void(const PieceBytes&)>& use) {
-    const size_t n = piece_bytes(sl, r0, r1);
-    std::vector<uint8_t> own(n);
+    const size_t n = stored_bytes(sl, r0, r1);
+    std::vector<uint8_t> own(piece_bytes(sl, r0, r1));
     copy_piece(sl, r0, r1, own.data());
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -219,8 +230,12 @@ void StoredReader::read(const std::string& name, int64_t r0, int64_t r1,
         ++e->in_use;
         uint8_t* base = slots_[e->slot];
         const size_t wb = static_cast<size_t>((p1 - p0) * sl.row_bytes);
-        const PieceBytes pb{base, sl.s ? base + align_up(wb) : nullptr, p0, p1,
-                            !slot_pageable_[e->slot], e - plan_.data()};
+        const PieceBytes pb{base,
+                            sl.s ? base + align_up(wb) : nullptr,
+                            p0,
+                            p1,
+                            !slot_pageable_[e->slot],
+                            e - plan_.data()};
         lk.unlock();
         try {
             use(pb);

@@ -96,7 +96,7 @@ class StoredReader {
     void copy_piece(const StoredSlab& sl, int64_t r0, int64_t r1, uint8_t* dst) const;
     void read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
                   const std::function<void(const PieceBytes&)>& use);
-    void release_locked(Entry& e);                       // under mu_
+    void release_locked(Entry& e);  // under mu_
     void allocate_slot(int s);
     const StoredSlab& slab_of(const std::string& name);  // cached, under mu_ (or before threads)
 
@@ -105,7 +105,7 @@ class StoredReader {
     std::map<std::string, std::vector<size_t>> by_name_;  // plan indices per weight, row order
     std::map<std::string, StoredSlab> slabs_;
     size_t slot_bytes_;
-    std::vector<uint8_t*> slots_;       // allocated on first use
+    std::vector<uint8_t*> slots_;      // allocated on first use
     std::vector<char> slot_pageable_;  // page-locked memory was refused: plain memory instead
     std::vector<int> free_slots_;
     size_t next_ = 0;

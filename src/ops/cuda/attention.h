@@ -35,13 +35,10 @@ struct AttnArgs {
     __nv_bfloat16* out = nullptr;  // [n_q, n_heads, head_dim]
 };
 
-// One block per (query, group of 16 heads); keys stream through shared memory in tiles of 64 and
-// serve all 16 heads (MQA), logits and P·V on CUDA cores in fp32.
-void attention(const AttnArgs& a, cudaStream_t stream);
-
-// The same on tensor cores (mma.sync bf16 → fp32; attention_tc.cu): one block per (query, group of
-// up to 64 heads), P rounded to bf16 for P·V. Any n_heads (groups of 16, 32 or 64, padded); q,
-// window, entries and out 16-byte aligned; Hopper (207 KiB of shared memory per block).
+// On tensor cores (mma.sync bf16 → fp32; attention_tc.cu): one block per (query, group of up to 64
+// heads), logits and the softmax in fp32, P rounded to bf16 for P·V. Any n_heads (groups of 16, 32
+// or 64, padded); q, window, entries and out 16-byte aligned; Hopper (207 KiB of shared memory per
+// block).
 void attention_tc(const AttnArgs& a, cudaStream_t stream);
 
 // FLOPs the kernel spends (2 per multiply-add, logits and P·V) for queries at these host-side

@@ -1,4 +1,4 @@
-// attention_tc: the semantics of attention() (ops/cuda/attention.h) on tensor cores, mma.sync
+// attention_tc: the attention of ops/cuda/attention.h (AttnArgs) on tensor cores, mma.sync
 // m16n8k16 bf16 → fp32. One block of 8 warps per (query, group of kM ∈ {16, 32, 64} heads); the
 // query's key list (window keys, then entries) streams through shared memory in tiles of kTile = 64
 // keys, double-buffered with cp.async. Per tile:

@@ -66,8 +66,8 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, cublasLtMatmulDesc_t desc,
         cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &values[i], sizeof(uint32_t));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc, la, lb, lc, lc, pref, 1,
-                                                       &heur, &found);
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(ctx.handle(), desc, la, lb, lc, lc, pref, 1, &heur, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     CPFILL_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
                  "cuBLASLt has no algorithm for a GEMM of [{}, {}] x [{}, {}]ᵀ (status {})", n, in,
@@ -82,7 +82,8 @@ enum InKind { kBf16 = 0, kF32 = 1, kFp8Tile = 2, kFp8Row = 3 };
 // class, for the first row count seen in it; its algorithm runs any row count of the class.
 // Per-expert GEMMs see a new row count for nearly every expert of every batch, and each
 // heuristic call costs ~0.2 ms of host time: exact-n plans made a server's every new prompt, and
-// a process's first batch after the warm-up, pay it per expert and layer (docs/performance-notes.md).
+// a process's first batch after the warm-up, pay it per expert and layer
+// (docs/performance-notes.md).
 int64_t plan_rows(int64_t n) {
     if (n <= 64) return n;
     if (n <= 256) return (n + 15) / 16 * 16;
@@ -133,7 +134,8 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, in_type, in, out, in));
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, in_type, in, n, ldx));
         CPFILL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lc, out_type, out, n, ldy));
-        const cublasLtMatmulAlgo_t algo = pick_algo(ctx, d.desc, d.la, d.lb, d.lc, n, in, out, align);
+        const cublasLtMatmulAlgo_t algo =
+            pick_algo(ctx, d.desc, d.la, d.lb, d.lc, n, in, out, align);
         it = ctx.plans().emplace(key, d.release(algo, n)).first;
     }
     GemmContext::Plan& p = it->second;
@@ -157,8 +159,8 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
                        &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the class's algorithm refuses this row count
         p.algo = pick_algo(ctx, p.desc, p.la, p.lb, p.lc, n, in, out, align);
-        st = cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y, p.lc, y,
-                            p.lc, &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+        st = cublasLtMatmul(ctx.handle(), p.desc, &alpha, w, p.la, x, p.lb, &beta, y, p.lc, y, p.lc,
+                            &p.algo, ctx.workspace(), ctx.workspace_bytes(), stream);
     }
     CPFILL_CUBLAS_CHECK(st);
 }

@@ -278,19 +278,6 @@ void dispatch_hc(int hc, F&& f) {
 }  // namespace
 
 void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
-             __nv_bfloat16* x, cudaStream_t stream) {
-    if (rows == 0) return;
-    CPFILL_CHECK(p.sinkhorn_iters >= 1, "mhc_pre: hc_sinkhorn_iters must be ≥ 1, found {}",
-                 p.sinkhorn_iters);
-    dispatch_hc(p.hc, [&](auto hc) {
-        launch_collapse<decltype(hc)::value, false>(p.fn, p.base, p.scale, p.d_model, rows,
-                                                    p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, post,
-                                                    comb, x, stream);
-    });
-    CPFILL_CUDA_CHECK(cudaGetLastError());
-}
-
-void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
              __nv_bfloat16* x, GemmContext& gemm, float* mixes, cudaStream_t stream) {
     if (rows == 0) return;
     CPFILL_CHECK(p.sinkhorn_iters >= 1, "mhc_pre: hc_sinkhorn_iters must be ≥ 1, found {}",

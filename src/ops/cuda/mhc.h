@@ -30,15 +30,11 @@ struct MhcDeviceParams {
 
 // Per row of h (fp32 [rows, hc, d_model]): post fp32 [rows, hc], comb fp32 [rows, hc, hc] (Sinkhorn
 // projected, comb[j, k] mixes stream j into stream k) and the collapse x bf16 [rows, d_model] =
-// Σ_j pre_j · h[j]. One fused kernel: RMS statistics and the (2+hc)·hc mixing dot products in one
-// pass over h, then the per-token sigmoid / softmax / Sinkhorn, then the collapse.
-void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
-             __nv_bfloat16* x, cudaStream_t stream);
-
-// The same with the (2 + hc)·hc mixing dot products done by one fp32 cuBLASLt GEMM over all rows
-// (mixes fp32 [rows, (2 + hc)·hc] scratch) — the fused kernel re-reads fn from L2 for every 4
-// tokens, ≈ 6 × the bytes of h at 4 streams of 4096; then the kernel only adds the sums of squares,
-// the per-token math and the collapse. Same results up to fp32 summation order.
+// Σ_j pre_j · h[j]. The (2 + hc)·hc mixing dot products are one fp32 cuBLASLt GEMM over all rows
+// (mixes fp32 [rows, (2 + hc)·hc] scratch); then one kernel adds the sums of squares, the
+// per-token sigmoid / softmax / Sinkhorn and the collapse. (A variant that did the dot products
+// in that kernel re-read fn from L2 for every 4 tokens, ≈ 6 × the bytes of h; it was removed in
+// stop 18, kept alive only by its test. mhc_head still does its hc products so.)
 void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
              __nv_bfloat16* x, GemmContext& gemm, float* mixes, cudaStream_t stream);
 

@@ -68,7 +68,8 @@ __global__ void decode_kernel(StagedSlab src, int64_t r0, int64_t r1, int64_t c0
             default: {
                 const bool fp4 = src.kind == StagedSlab::Fp4;
                 const uint8_t byte = fp4 ? row[(c - src.w_col0) >> 1] : row[c - src.w_col0];
-                const float q = fp4 ? e2m1_value((c & 1) ? byte >> 4 : byte & 0xf) : e4m3_value(byte);
+                const float q =
+                    fp4 ? e2m1_value((c & 1) ? byte >> 4 : byte & 0xf) : e4m3_value(byte);
                 const int64_t sr = (r + src.s_row_off) / src.row_block, sc = c / src.col_block;
                 const uint8_t* sp = src.s + (sr - src.s_row0) * src.s_pitch;
                 float scale;
