@@ -146,6 +146,27 @@ void poke(const Checkpoint& ck, const std::string& stored, size_t offset, const 
     ASSERT_TRUE(f.good());
 }
 
+// The errors of the host loader and of the stored upload (as `format`) for the checkpoint at
+// `path`: run apart from stored_upload, which reports errors through EXPECT.
+std::pair<std::string, std::string> errors_of(const std::string& path, GpuWeightFormat format) {
+    const Checkpoint ck(path);
+    std::pair<std::string, std::string> e;
+    try {
+        load_rank_weights(ck, 1, LoadOptions{});
+    } catch (const std::exception& x) {
+        e.first = x.what();
+    }
+    try {
+        cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1, 2,
+                              nullptr);
+        cuda::GpuWeights w = cuda::upload_stored_top(ck, {0, 1}, format, rd);
+        for (int li = 0; li < ck.config().n_layers; ++li) cuda::upload_stored_layer(w, li, ck, rd);
+    } catch (const std::exception& x) {
+        e.second = x.what();
+    }
+    return e;
+}
+
 TEST(StoredUploadErrors, ABadWeightGivesTheHostLoadersError) {
     CPFILL_SKIP_WITHOUT_GPU();
     {
@@ -154,23 +175,7 @@ TEST(StoredUploadErrors, ABadWeightGivesTheHostLoadersError) {
         const uint16_t nan = 0x7fc0;
         poke(Checkpoint(path), Checkpoint(path).stored("layers.1.attn.wkv.weight").name, 2 * 77,
              &nan, 2);
-        // stored_upload reports errors through EXPECT: run it outside, through the reader.
-        const Checkpoint ck(path);
-        std::string host, gpu;
-        try {
-            load_rank_weights(ck, 1, LoadOptions{});
-        } catch (const std::exception& x) {
-            host = x.what();
-        }
-        try {
-            cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1, 2,
-                                  nullptr);
-            cuda::GpuWeights w = cuda::upload_stored_top(ck, {0, 1}, GpuWeightFormat::Bf16, rd);
-            for (int li = 0; li < ck.config().n_layers; ++li)
-                cuda::upload_stored_layer(w, li, ck, rd);
-        } catch (const std::exception& x) {
-            gpu = x.what();
-        }
+        const auto [host, gpu] = errors_of(path, GpuWeightFormat::Bf16);
         EXPECT_NE(host.find("expected a finite value"), std::string::npos) << host;
         EXPECT_EQ(gpu, host);
     }
@@ -180,22 +185,7 @@ TEST(StoredUploadErrors, ABadWeightGivesTheHostLoadersError) {
         const uint8_t nan = 0xff;  // an E8M0 NaN scale of an fp4 expert
         const StoredWeight sw = Checkpoint(path).stored("layers.2.ffn.experts.5.w2.weight");
         poke(Checkpoint(path), sw.scale_name, 3, &nan, 1);
-        const Checkpoint ck(path);
-        std::string host, gpu;
-        try {
-            load_rank_weights(ck, 1, LoadOptions{});
-        } catch (const std::exception& x) {
-            host = x.what();
-        }
-        try {
-            cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, {{0, 1}}, size_t{1} << 20), 1, 2,
-                                  nullptr);
-            cuda::GpuWeights w = cuda::upload_stored_top(ck, {0, 1}, GpuWeightFormat::Fp4, rd);
-            for (int li = 0; li < ck.config().n_layers; ++li)
-                cuda::upload_stored_layer(w, li, ck, rd);
-        } catch (const std::exception& x) {
-            gpu = x.what();
-        }
+        const auto [host, gpu] = errors_of(path, GpuWeightFormat::Fp4);
         EXPECT_NE(host.find("expected a finite value"), std::string::npos) << host;
         EXPECT_EQ(gpu, host);
     }
