@@ -57,7 +57,7 @@ int64_t rows_per_piece(const StoredSlab& slab, size_t max_bytes) {
 }
 
 StoredReader::StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, int slots,
-                           Progress* bar)
+                           Progress* bar, int device)
     : ck_(ck),
       slabs_(std::move(plan.slabs)),
       slot_bytes_(align_up(std::max<size_t>(plan.max_piece_bytes, size_t{1} << 20))),
@@ -73,6 +73,11 @@ StoredReader::StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, i
         by_name_[p.name].push_back(i);
         plan_.push_back(Entry{std::move(p)});
     }
+    if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();  // no GPU: plain memory below
+        device = -1;
+    }
+    device_ = device;
     slots_.assign(static_cast<size_t>(slots), nullptr);
     slot_pageable_.assign(static_cast<size_t>(slots), 0);
     for (int s = slots; s-- > 0;) free_slots_.push_back(s);
@@ -95,6 +100,7 @@ void StoredReader::allocate_slot(int s) {
     // Page-locked, by the reader thread that first takes the slot (the pinning runs in parallel
     // and beside the reading); plain memory if the system refuses it.
     void* p = nullptr;
+    if (device_ >= 0) (void)cudaSetDevice(device_);  // this reader thread's context
     if (cudaHostAlloc(&p, slot_bytes_, cudaHostAllocPortable) == cudaSuccess) {
         slots_[s] = static_cast<uint8_t*>(p);
         return;

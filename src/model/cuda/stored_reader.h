@@ -58,8 +58,11 @@ int64_t rows_per_piece(const StoredSlab& slab, size_t max_bytes);
 class StoredReader {
   public:
     // Starts `threads` reader threads over `plan` with `slots` pinned slots, each holding the
-    // plan's largest piece. `bar` (may be null) counts the bytes copied.
-    StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, int slots, Progress* bar);
+    // plan's largest piece. `bar` (may be null) counts the bytes copied. `device` (>= 0): the GPU
+    // whose context the readers allocate the page-locked slots in (under mpirun a process's own,
+    // so that no process makes a context on GPU 0); −1: the calling thread's current device.
+    StoredReader(const Checkpoint& ck, StoredPlan plan, int threads, int slots, Progress* bar,
+                 int device = -1);
     ~StoredReader();  // stops the readers and frees the slots
     StoredReader(const StoredReader&) = delete;
     StoredReader& operator=(const StoredReader&) = delete;
@@ -110,6 +113,7 @@ class StoredReader {
     std::vector<int> free_slots_;
     size_t next_ = 0;
     bool stop_ = false;
+    int device_ = -1;
     Progress* bar_;
     size_t bytes_ = 0, misses_ = 0;
     double reader_wait_ = 0, upload_wait_ = 0;

@@ -258,7 +258,7 @@ GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, Pr
     // (docs/loading.md).
     threads = std::clamp(threads, 1, 4 * static_cast<int>(slices.size()));
     cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, slices, size_t{16} << 20), threads,
-                          2 * threads + 2, bar);
+                          2 * threads + 2, bar, g.ranks.front()->device);
     g.on_ranks([&](size_t i, const cuda::AbortFlag& abort) {
         RankDevice& r = *g.ranks[i];
         r.weights.reset();
