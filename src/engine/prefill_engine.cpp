@@ -9,7 +9,6 @@
 #include "core/host_memory.h"
 #include "core/parallel.h"
 #include "io/checkpoint.h"
-#include "io/progress.h"
 #include "model/batch.h"
 
 namespace cpfill {
@@ -128,10 +127,7 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
     // uploaded), for comparison.
     const char* way = std::getenv("CPFILL_UPLOAD");
     if (!way || std::string(way) != "host") {
-        size_t total = 0;
-        for (const WeightSpec& spec : ckpt.specs().all()) total += ckpt.stored(spec.name).bytes;
-        Progress bar("loading", total, load.progress);
-        stored_load_ = gpu_->load_stored(ckpt, load.threads, &bar);
+        stored_load_ = gpu_->load_stored(ckpt, load.threads, load.progress);
         load_bytes_ = stored_load_.bytes;
         rank_bytes_ = 0;  // no host weights
         return;

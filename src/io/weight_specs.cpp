@@ -54,14 +54,15 @@ void add_compressor(Builder& b, const std::string& p, int64_t d_model, int64_t d
     b.norm(p + "norm.weight", dim, indexer ? S::IdxCompNorm : S::CompNorm);
 }
 
-// An expert's SwiGLU matrices; CP ranks slice them over the hidden width (CpShard).
-void add_expert(Builder& b, const std::string& x, int64_t D, int64_t I, WeightClass cls) {
+// Expert `e`'s (−1: the shared expert's) SwiGLU matrices in layer `i`; CP ranks slice them over
+// the hidden width (CpShard).
+void add_expert(Builder& b, int i, int e, int64_t D, int64_t I, WeightClass cls) {
     b.shard = CpShard::HiddenRows;
-    b.linear(x + "w1.weight", I, D, cls, S::W1);
+    b.linear(expert_weight_name(i, e, S::W1), I, D, cls, S::W1);
     b.shard = CpShard::HiddenCols;
-    b.linear(x + "w2.weight", D, I, cls, S::W2);
+    b.linear(expert_weight_name(i, e, S::W2), D, I, cls, S::W2);
     b.shard = CpShard::HiddenRows;
-    b.linear(x + "w3.weight", I, D, cls, S::W3);
+    b.linear(expert_weight_name(i, e, S::W3), I, D, cls, S::W3);
     b.shard = CpShard::Replicated;
 }
 
@@ -101,10 +102,10 @@ void add_layer(const ModelConfig& c, int i, std::vector<WeightSpec>& out) {
         b.add(f + "gate.tid2eid", {c.vocab_size, c.top_k}, C::I64, S::Tid2eid, {});
     else
         b.add(f + "gate.bias", {c.n_experts}, C::F32, S::GateBias, {0.0, 0.05});
-    add_expert(b, f + "shared_experts.", D, I, C::Fp8Linear);
+    add_expert(b, i, -1, D, I, C::Fp8Linear);
     for (int e = 0; e < c.n_experts; ++e) {
         b.expert = e;
-        add_expert(b, f + "experts." + std::to_string(e) + ".", D, I, C::Fp4Expert);
+        add_expert(b, i, e, D, I, C::Fp4Expert);
     }
 }
 
@@ -166,6 +167,15 @@ const WeightSpec& WeightSpecTable::at(const std::string& canonical) const {
 }
 
 bool is_expert_weight(const WeightSpec& spec) { return spec.shard != CpShard::Replicated; }
+
+std::string expert_weight_name(int layer, int expert, WeightSlot slot) {
+    const char* m = slot == S::W1 ? "w1" : slot == S::W2 ? "w2" : "w3";
+    CPFILL_CHECK(slot == S::W1 || slot == S::W2 || slot == S::W3,
+                 "expert_weight_name: slot {} is not an expert matrix", static_cast<int>(slot));
+    const std::string f = "layers." + std::to_string(layer) + ".ffn.";
+    return expert < 0 ? f + "shared_experts." + m + ".weight"
+                      : f + "experts." + std::to_string(expert) + "." + m + ".weight";
+}
 
 bool is_gemm_weight(const WeightSpec& spec) {
     return spec.shape.size() == 2 && spec.cls != WeightClass::F32 && spec.cls != WeightClass::I64;

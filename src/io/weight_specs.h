@@ -104,6 +104,10 @@ bool is_expert_weight(const WeightSpec& spec);
 // GPU holds in bf16 (or fp8); every other weight (norms, mHC, sinks, position biases, router
 // bias) stays f32 there, tid2eid int64.
 bool is_gemm_weight(const WeightSpec& spec);
+// The canonical name of an expert's SwiGLU matrix (slot W1, W2 or W3) in layer `layer`: routed
+// expert `expert`'s, or the shared expert's for expert −1 ("layers.3.ffn.experts.7.w2.weight",
+// "layers.3.ffn.shared_experts.w1.weight"). The table names its experts so.
+std::string expert_weight_name(int layer, int expert, WeightSlot slot);
 
 // Every weight in a fixed order: embed, then per layer (hc, norms, attention, compressor, indexer,
 // gate, shared expert, routed experts), then norm, head, hc_head.

@@ -24,7 +24,6 @@
 namespace cpfill {
 
 class Checkpoint;
-class Progress;
 
 using NcclId = std::array<char, 128>;  // ncclUniqueId's bytes
 
@@ -134,15 +133,15 @@ class GpuGroup {
     // Every local rank's weights straight from the checkpoint's stored bytes, after the same fit
     // check as load_top: `threads` threads read ahead into pinned host memory, each GPU copies
     // its part as stored and decodes it (docs/loading.md, "GPU upload from stored bytes"; no host
-    // f32; the same device weights as load_top + load_layer). `bar` (may be null) counts the
-    // bytes read.
+    // f32; the same device weights as load_top + load_layer). `progress`: a progress line of the
+    // bytes read (io/progress.h: drawn only on a terminal).
     struct StoredLoad {
         size_t bytes = 0;    // stored bytes read
         size_t misses = 0;   // pieces the uploads read themselves (the readers were behind)
         double seconds = 0;  // the whole of load_stored
         double reader_wait_s = 0, upload_wait_s = 0;  // StoredReader's waits, summed
     };
-    StoredLoad load_stored(const Checkpoint& ck, int threads, Progress* bar);
+    StoredLoad load_stored(const Checkpoint& ck, int threads, bool progress);
     // Random weights (in the group's format) generated on each GPU (benchmarks: nothing to read or
     // upload): scaled like random_checkpoint (io/random_checkpoint.h), expert slices of the rank's
     // part.

@@ -44,10 +44,7 @@ std::string write_checkpoint(const test::TempDir& dir, const std::string& names,
 }
 
 std::vector<uint8_t> bytes_of(const cuda::DeviceBuffer& b) {
-    std::vector<uint8_t> v(b.bytes());
-    if (!v.empty())
-        CPFILL_CUDA_CHECK(cudaMemcpy(v.data(), b.as<void>(), v.size(), cudaMemcpyDeviceToHost));
-    return v;
+    return test_cuda::download<uint8_t>(b, b.bytes());
 }
 
 // Every buffer of `got` equals `want`'s; the counters too.

@@ -209,8 +209,8 @@ class StoredFill {
         rd_.read(
             name, r0, r1,
             [&](const PieceBytes& p) {
+                // Every piece is given back below, even one with nothing to copy (c0 == c1).
                 const int64_t a = std::max(r0, p.r0), b = std::min(r1, p.r1);
-                if (a >= b || c0 == c1) return;
                 const size_t wbytes = static_cast<size_t>((b1 - b0) * (b - a));
                 const size_t soff = (wbytes + 255) / 256 * 256;
                 const auto [s0, s1] = sl.scale_rows(a, b);
@@ -250,14 +250,13 @@ class StoredFill {
             },
             true);
     }
-    // The whole weight `name` into dst as bf16 or f32 (n values) when it is stored so: a copy,
-    // checked for non-finite values. False (nothing done) when it is stored otherwise.
+    // The whole weight `name` (n values, checked by the caller) into dst as bf16 or f32 when it is
+    // stored so: a copy, checked for non-finite values. False (nothing done) when it is stored
+    // otherwise.
     bool copy(const std::string& name, void* dst, bool bf16, int64_t n) {
         const StoredSlab& sl = slab(name);
         if (sl.kind != StoredSlab::Kind::Float || sl.dtype != (bf16 ? DType::BF16 : DType::F32))
             return false;
-        CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU", name,
-                     sl.rows * sl.cols, n);
         unsigned long long* bad = next_bad(name);
         rd_.read(
             name, 0, sl.rows,
@@ -369,11 +368,11 @@ class Builder {
     void fill_stored(DeviceBuffer& dst, DType dtype, int64_t n, const std::string& name,
                      StoredFill& sf) {
         const bool bf16 = dtype == DType::BF16;
+        const StoredSlab& sl = sf.slab(name);
+        CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU", name,
+                     sl.rows * sl.cols, n);
         dst = DeviceBuffer(n * (bf16 ? 2 : 4));
         if (!sf.copy(name, dst.as<void>(), bf16, n)) {
-            const StoredSlab& sl = sf.slab(name);
-            CPFILL_CHECK(sl.rows * sl.cols == n, "weight {}: {} stored values for {} on the GPU",
-                         name, sl.rows * sl.cols, n);
             if (bf16) {
                 DeviceBuffer f(n * 4);
                 sf.f32(name, 0, sl.rows, 0, sl.cols, f.as<float>());
@@ -559,16 +558,6 @@ MatrixSource host_source(const std::string& name, int64_t per,
     };
 }
 
-std::string expert_weight(int li, int64_t e, const char* which) {
-    return "layers." + std::to_string(li) + ".ffn.experts." + std::to_string(e) + "." + which +
-           ".weight";
-}
-
-// An expert's w1 name → its w3 (routed or shared: "….w1.weight" → "….w3.weight").
-std::string w3_of(const std::string& w1) {
-    return w1.substr(0, w1.size() - std::string_view("w1.weight").size()) + "w3.weight";
-}
-
 // Layer `li` from the weight table: every weight of the layer into its slot, from the host
 // weights `h` (a rank's, as load_rank_weights makes them), from the checkpoint's stored bytes
 // (`sf`), or at random when both are null. The routed experts' slices go into one matrix buffer
@@ -598,15 +587,15 @@ void build_layer(Builder& b, GpuWeights& gw, int li, LayerWeights* h, StoredFill
             expert ? (w13 ? D : width) : (spec.shape.size() > 1 ? spec.shape[1] : 1);
         // Matrix e of this weight (routed: expert e; otherwise the one matrix) from the checkpoint.
         const auto stored_matrix = [&, spec](int64_t e, float* dev) {
-            const std::string w =
-                spec.expert == 0 ? expert_weight(li, e, w13 ? "w1" : "w2") : spec.name;
+            const int ex = spec.expert < 0 ? -1 : static_cast<int>(e);  // −1: the shared expert
             if (!expert) {
-                sf->f32(w, 0, rows, 0, cols, dev);
+                sf->f32(spec.name, 0, rows, 0, cols, dev);
             } else if (w13) {
-                sf->f32(w, a, a + width, 0, D, dev);
-                sf->f32(w3_of(w), a, a + width, 0, D, dev + width * D);
+                sf->f32(expert_weight_name(li, ex, WeightSlot::W1), a, a + width, 0, D, dev);
+                sf->f32(expert_weight_name(li, ex, WeightSlot::W3), a, a + width, 0, D,
+                        dev + width * D);
             } else {
-                sf->f32(w, 0, D, a, a + width, dev);
+                sf->f32(expert_weight_name(li, ex, WeightSlot::W2), 0, D, a, a + width, dev);
             }
         };
         if (spec.expert == 0) {  // all routed experts at once
@@ -753,11 +742,14 @@ StoredPlan stored_upload_plan(const Checkpoint& ck, const std::vector<ExpertSlic
     StoredPlan plan;
     // Rows [r0, r1) of weight `name`, in pieces on a grid from r0; users: the slices whose rows
     // [lo(i), hi(i)) meet a piece.
-    const auto add = [&](const std::string& name, int64_t r0, int64_t r1,
-                         const std::function<std::pair<int64_t, int64_t>(size_t)>& rows_of) {
+    const auto slab = [&](const std::string& name) -> const StoredSlab& {
         auto it = plan.slabs.find(name);
         if (it == plan.slabs.end()) it = plan.slabs.emplace(name, ck.slab(name)).first;
-        const StoredSlab& sl = it->second;
+        return it->second;
+    };
+    const auto add = [&](const std::string& name, int64_t r0, int64_t r1,
+                         const std::function<std::pair<int64_t, int64_t>(size_t)>& rows_of) {
+        const StoredSlab& sl = slab(name);
         const int64_t step = rows_per_piece(sl, piece_bytes);
         for (int64_t p = r0; p < r1; p += step) {
             const int64_t q = std::min(r1, p + step);
@@ -769,10 +761,11 @@ StoredPlan stored_upload_plan(const Checkpoint& ck, const std::vector<ExpertSlic
             if (users == 0) continue;
             plan.pieces.push_back(StoredPiece{name, p, q, users});
             plan.max_piece_bytes = std::max(plan.max_piece_bytes, cuda::piece_bytes(sl, p, q));
+            plan.stored_bytes += cuda::piece_stored_bytes(sl, p, q);
         }
     };
     const auto all_rows = [&](const std::string& name) {
-        const int64_t rows = ck.slab(name).rows;
+        const int64_t rows = slab(name).rows;
         add(name, 0, rows, [rows](size_t) { return std::pair<int64_t, int64_t>{0, rows}; });
     };
     const auto hidden_rows = [&](const std::string& name) {  // w1 / w3: each slice's rows
@@ -794,16 +787,18 @@ StoredPlan stored_upload_plan(const Checkpoint& ck, const std::vector<ExpertSlic
         for (const WeightSpec& spec : layer_weight_specs(cfg, li)) {
             if (spec.slot == WeightSlot::Tid2eid || spec.slot == WeightSlot::W3 || spec.expert > 0)
                 continue;
-            const bool w13 = spec.slot == WeightSlot::W1;
-            const int64_t count = spec.expert == 0 ? cfg.n_experts : 1;
-            for (int64_t e = 0; e < count; ++e) {
-                const std::string w =
-                    spec.expert == 0 ? expert_weight(li, e, w13 ? "w1" : "w2") : spec.name;
-                if (spec.shard == CpShard::Replicated || !w13) {
-                    all_rows(w);  // w2: every rank reads its columns of all rows
+            if (spec.shard == CpShard::Replicated) {
+                all_rows(spec.name);
+                continue;
+            }
+            const int count = spec.expert == 0 ? cfg.n_experts : 1;
+            for (int e = 0; e < count; ++e) {
+                const int ex = spec.expert < 0 ? -1 : e;  // −1: the shared expert
+                if (spec.slot == WeightSlot::W2) {
+                    all_rows(expert_weight_name(li, ex, WeightSlot::W2));  // columns of all rows
                 } else {
-                    hidden_rows(w);
-                    hidden_rows(w3_of(w));
+                    hidden_rows(expert_weight_name(li, ex, WeightSlot::W1));
+                    hidden_rows(expert_weight_name(li, ex, WeightSlot::W3));
                 }
             }
         }

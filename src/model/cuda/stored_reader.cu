@@ -34,15 +34,10 @@ size_t piece_bytes(const StoredSlab& slab, int64_t r0, int64_t r1) {
            static_cast<size_t>((s1 - s0) * slab.scale_row_bytes());
 }
 
-namespace {
-
-// The stored bytes of a piece (what bytes_read and the progress count: no padding).
-size_t stored_bytes(const StoredSlab& slab, int64_t r0, int64_t r1) {
+size_t piece_stored_bytes(const StoredSlab& slab, int64_t r0, int64_t r1) {
     const auto [s0, s1] = slab.scale_rows(r0, r1);
     return static_cast<size_t>((r1 - r0) * slab.row_bytes + (s1 - s0) * slab.scale_row_bytes());
 }
-
-}  // namespace
 
 int64_t rows_per_piece(const StoredSlab& slab, size_t max_bytes) {
     const int64_t srb = slab.s ? slab.scale_row_bytes() : 0;
@@ -171,7 +166,7 @@ void StoredReader::reader_loop() {
         free_slots_.pop_back();
         e.state = State::Reading;
         const StoredSlab& sl = slabs_.at(e.piece.name);
-        const size_t n = stored_bytes(sl, e.piece.r0, e.piece.r1);
+        const size_t n = piece_stored_bytes(sl, e.piece.r0, e.piece.r1);
         const int slot = e.slot;
         lk.unlock();
         if (!slots_[slot]) allocate_slot(slot);  // slots_[slot] is this thread's while it holds it
@@ -186,7 +181,7 @@ void StoredReader::reader_loop() {
 
 void StoredReader::read_now(const StoredSlab& sl, int64_t r0, int64_t r1,
                             const std::function<void(const PieceBytes&)>& use) {
-    const size_t n = stored_bytes(sl, r0, r1);
+    const size_t n = piece_stored_bytes(sl, r0, r1);
     std::vector<uint8_t> own(piece_bytes(sl, r0, r1));
     copy_piece(sl, r0, r1, own.data());
     {

@@ -46,10 +46,14 @@ struct StoredPlan {
     std::vector<StoredPiece> pieces;
     std::map<std::string, StoredSlab> slabs;
     size_t max_piece_bytes = 0;
+    size_t stored_bytes = 0;  // of all pieces (piece_stored_bytes)
 };
 
 // Bytes a piece takes in a slot: its weight rows, then its scale rows at a 256-byte boundary.
 size_t piece_bytes(const StoredSlab& slab, int64_t r0, int64_t r1);
+
+// The stored bytes of a piece: its rows and scale rows, without the slot's padding.
+size_t piece_stored_bytes(const StoredSlab& slab, int64_t r0, int64_t r1);
 
 // Rows of `slab` per piece so that a piece takes at most `max_bytes` (at least one row, or 128
 // for fp8 so that pieces start on scale rows).

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/progress.h"
 #include "model/cuda/gpu_weights.h"
 #include "model/cuda/stored_reader.h"
 #include "model/weight_bytes.h"
@@ -246,7 +247,7 @@ void check_weights_fit(const RankDevice& r, const ModelConfig& cfg, GpuWeightFor
 
 }  // namespace
 
-GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, Progress* bar) {
+GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, bool progress) {
     const auto t0 = std::chrono::steady_clock::now();
     Impl& g = *impl_;
     const ModelConfig& cfg = ck.config();
@@ -257,8 +258,10 @@ GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, Pr
     // in 0.36 s and 16 in 0.53 s, their copies competing with the GPU's for host memory
     // (docs/loading.md).
     threads = std::clamp(threads, 1, 4 * static_cast<int>(slices.size()));
-    cuda::StoredReader rd(ck, cuda::stored_upload_plan(ck, slices, size_t{16} << 20), threads,
-                          2 * threads + 2, bar, g.ranks.front()->device);
+    cuda::StoredPlan plan = cuda::stored_upload_plan(ck, slices, size_t{16} << 20);
+    Progress bar("loading", plan.stored_bytes, progress);
+    cuda::StoredReader rd(ck, std::move(plan), threads, 2 * threads + 2, &bar,
+                          g.ranks.front()->device);
     g.on_ranks([&](size_t i, const cuda::AbortFlag& abort) {
         RankDevice& r = *g.ranks[i];
         r.weights.reset();

@@ -84,6 +84,22 @@ TEST(WeightSpecs, FlashCounts) {
     EXPECT_EQ(layer.back().expert, 255);
 }
 
+// expert_weight_name spells the table's names (what the GPU upload asks the checkpoint for), and
+// names only expert matrices.
+TEST(WeightSpecs, ExpertWeightNamesAreTheTables) {
+    const ModelConfig cfg = preset_config("tiny");
+    int experts = 0;
+    for (const WeightSpec& s : weight_specs(cfg)) {
+        if (!is_expert_weight(s)) continue;
+        EXPECT_EQ(expert_weight_name(s.layer, s.expert, s.slot), s.name);
+        ++experts;
+    }
+    EXPECT_EQ(experts, cfg.n_layers * (cfg.n_experts + 1) * 3);  // routed + shared, w1 w2 w3
+    EXPECT_EQ(expert_weight_name(3, -1, WeightSlot::W1), "layers.3.ffn.shared_experts.w1.weight");
+    EXPECT_EQ(expert_weight_name(3, 7, WeightSlot::W2), "layers.3.ffn.experts.7.w2.weight");
+    expect_error([] { expert_weight_name(0, 0, WeightSlot::Gate); }, {"not an expert matrix"});
+}
+
 TEST(WeightSpecs, ProShapes) {
     const WeightSpecTable t(preset_config("pro"));
     using C = WeightClass;
