@@ -39,6 +39,7 @@ struct BenchArgs {
     std::string plot;
     bool no_exposed = false;
     bool no_ceilings = false;
+    int64_t chunk = 0;  // --chunk: tokens per chunk (0: one pass, chunks where it does not fit)
     int expert_streams = GpuRunOptions{}.expert_streams;
     std::string expert_gemm = GpuRunOptions{}.grouped_experts ? "grouped" : "streams";
 };
@@ -98,6 +99,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     const std::vector<std::vector<int32_t>> requests{prompt};
     GpuRunOptions base;
     base.tbo = tbo_mode(row.tbo);
+    base.chunk = a.chunk;
     base.expert_streams = a.expert_streams;
     base.grouped_experts = a.expert_gemm == "grouped";
     auto once = [&](const GpuRunOptions& opt) {
@@ -113,6 +115,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
         const GpuStats st = once(base);
         row.ttft_runs.push_back(st.seconds);
         row.tbo_used = st.tbo_used;
+        row.chunk = st.chunk;
         fmt::print(stderr, "bench: {}: run {}/{} {:.4f} s\n", what, i + 1, a.repeat, st.seconds);
     }
     GpuRunOptions timed = base;
@@ -148,8 +151,12 @@ void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, cons
         free_bytes = std::min(free_bytes, cuda_device_info(d).free_bytes);
     for (BenchRow& row : mine) {
         if (!row.measured()) continue;
-        const GpuMemoryPlan m =
-            plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format);
+        // Without --chunk, a row whose one pass does not fit runs in chunks (GpuGroup::run picks
+        // them): skipped only when chunks of 1024 tokens do not fit either.
+        GpuMemoryPlan m =
+            plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format, a.chunk);
+        if (m.total() > free_bytes && a.chunk == 0)
+            m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format, 1024);
         if (m.total() > free_bytes)
             row.skipped = fmt::format(
                 "not enough memory: needs {:.2f} GB per GPU (weights {:.2f} + workspace {:.2f}), "
@@ -247,6 +254,10 @@ Runner add_bench_command(CLI::App& app) {
     c->add_option("--repeat", args->repeat, "timed runs per row (TTFT = their median)")
         ->capture_default_str();
     c->add_option("--warmup", args->warmup, "untimed runs before them")->capture_default_str();
+    c->add_option("--chunk", args->chunk,
+                  "prefill in chunks of this many tokens (0: one pass where it fits, else the "
+                  "largest power-of-two chunks that do)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
     c->add_option("--seed", args->seed, "seed of the weights and token ids")->capture_default_str();
     c->add_option("--json", args->json, "write the report as JSON to this file");
     c->add_option("--plot", args->plot, "write tokens/s per GPU vs length as SVG to this file");

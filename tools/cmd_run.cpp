@@ -82,7 +82,7 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     j["device"] = a.device;
     j["cp"] = a.cp;
     j["tbo"] = r.out.tbo_used;
-    j["chunk"] = a.chunk;
+    j["chunk"] = r.out.chunk;  // tokens per chunk used (0: one pass; on GPUs maybe chosen)
     j["n_tokens"] = r.n_tokens;
     j["timings"] = {{"load_s", engine.load_seconds()},
                     {"warmup_s", warmup_s},
@@ -337,6 +337,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
             ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
             : std::string("CPU fp32"),
         a.cp, r.out.tbo_used ? "on" : "off");
+    if (r.out.chunk > 0) fmt::print("in chunks of {} tokens\n", r.out.chunk);
     if (!again.empty()) fmt::print("TTFT of the repeats: {:.3f} s\n", fmt::join(again, " s, "));
     return 0;
 }
@@ -371,7 +372,9 @@ Runner add_run_command(CLI::App& app) {
         ->check(CLI::Range(1, 64));
     c->add_option("--tbo", args->tbo, "two-batch overlap: on, off or auto")
         ->check(CLI::IsMember({"on", "off", "auto"}));
-    c->add_option("--chunk", args->chunk, "prefill in chunks of this many tokens (0: one pass)")
+    c->add_option("--chunk", args->chunk,
+                  "prefill in chunks of this many tokens (0: one pass; on cuda, chunks where one "
+                  "pass does not fit)")
         ->check(CLI::NonNegativeNumber);
     c->add_option(
         "--kv-out", args->kv_out,

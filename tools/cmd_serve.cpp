@@ -135,7 +135,7 @@ serve::ServerOptions server_options(const ServeArgs& a, const ModelConfig& cfg,
         a.max_prompt_tokens > 0 ? a.max_prompt_tokens : cfg.max_position_embeddings;
     o.scheduler.max_batch_tokens = a.max_batch_tokens;
     o.scheduler.max_queue = static_cast<size_t>(a.max_queue);
-    o.scheduler.chunk_long = a.device == "cpu";
+    o.scheduler.chunk_long = true;  // both backends chunk (docs/parallel.md)
     o.scheduler.tbo = parse_tbo(a.tbo);
     o.scheduler.hold_batches = a.hold_batches;
     if (tok) {
@@ -229,7 +229,7 @@ Runner add_serve_command(CLI::App& app) {
     c->add_option("--port", a->port, "port (0: an ephemeral one, printed)")
         ->check(CLI::Range(0, 65535));
     c->add_option("--max-batch-tokens", a->max_batch_tokens,
-                  "tokens per batch (default 8192); longer prompts run alone, chunked on cpu")
+                  "tokens per batch (default 8192); longer prompts run alone, in chunks of it")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
     c->add_option("--max-queue", a->max_queue, "waiting requests before 503 (default 64)")
         ->check(CLI::Range(int64_t{1}, int64_t{4096}));

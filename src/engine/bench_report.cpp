@@ -207,6 +207,12 @@ std::string opt(const std::optional<double>& v, const char* spec) {
     return v ? fmt::format(fmt::runtime(spec), *v) : "–";
 }
 
+// "256k", or "256k in 64k chunks" for a chunked prefill.
+std::string length_label(const BenchRow& row) {
+    if (row.chunk <= 0) return format_length(row.length);
+    return fmt::format("{} in {} chunks", format_length(row.length), format_length(row.chunk));
+}
+
 std::string tbo_label(const BenchRow& row) {
     if (!row.measured()) return row.tbo;
     if (row.tbo == "auto") return row.tbo_used ? "auto (on)" : "auto (off)";
@@ -253,7 +259,7 @@ std::string main_table(const BenchReport& r) {
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchRow& row : r.rows) {
         s += fmt::format("| {} | {} | {} | {} | {:.2f} | ", row.cp, tbo_label(row), row.weights,
-                         format_length(row.length), row.flops / 1e12);
+                         length_label(row), row.flops / 1e12);
         if (!row.measured()) {
             s += fmt::format("skipped: {} | – | – | – | – | – | – |\n", cell(row.skipped));
             continue;
@@ -279,8 +285,8 @@ std::string phase_table(const BenchReport& r) {
         const BenchPhases& p = row.phases;
         s += fmt::format(
             "| {} | {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |", row.cp,
-            tbo_label(row), row.weights, format_length(row.length), p.attention * 1e3,
-            p.indexer * 1e3, p.compressor * 1e3, p.moe * 1e3, p.collectives * 1e3, p.other * 1e3);
+            tbo_label(row), row.weights, length_label(row), p.attention * 1e3, p.indexer * 1e3,
+            p.compressor * 1e3, p.moe * 1e3, p.collectives * 1e3, p.other * 1e3);
         for (AttnType t : {AttnType::Sliding, AttnType::CSA, AttnType::HCA}) {
             std::optional<double> ms;
             for (const LayerTypeTime& lt : row.layer_types)
@@ -303,7 +309,7 @@ std::string projection_table(const BenchReport& r) {
     for (const BenchRow& row : r.rows) {
         if (!row.measured()) continue;
         s += fmt::format("| {} | {} | {} | {} | ", row.cp, tbo_label(row), row.weights,
-                         format_length(row.length));
+                         length_label(row));
         if (!row.projection) {
             s += fmt::format("– ({}) | – | – | – | – |\n", cell(row.projection_note));
             continue;
@@ -368,6 +374,7 @@ json row_json(const BenchRow& row) {
               {"layer_seconds", row.layer_seconds},
               {"peak_bytes", row.peak_bytes},
               {"tbo_used", row.tbo_used},
+              {"chunk", row.chunk},
               {"flops", row.flops},
               {"ttft_s", row.ttft},
               {"tokens_per_s", row.tokens_per_s},
@@ -413,6 +420,7 @@ BenchRow row_from_json(const json& j) {
     row.layer_seconds = field<std::vector<double>>(j, "layer_seconds");
     row.peak_bytes = field<uint64_t>(j, "peak_bytes");
     row.tbo_used = field<bool>(j, "tbo_used");
+    row.chunk = j.value("chunk", int64_t{0});  // reports before GPU chunking: one pass
     row.flops = field<double>(j, "flops");
     row.ttft = field<double>(j, "ttft_s");
     row.tokens_per_s = field<double>(j, "tokens_per_s");

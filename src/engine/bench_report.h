@@ -103,6 +103,7 @@ struct BenchRow {
     std::vector<double> layer_seconds;  // per layer, of that run (empty: not available)
     uint64_t peak_bytes = 0;            // device memory in use, largest GPU
     bool tbo_used = false;
+    int64_t chunk = 0;  // tokens per chunk the prefill used (0: one pass)
 
     // Derived by finalize_report.
     double flops = 0;  // FLOPs counted for this prefill (§5.1)

@@ -125,8 +125,11 @@ void PrefillEngine::load_gpu(const Checkpoint& ckpt, LoadOptions load) {
     // the stored bytes: read ahead into pinned memory, decoded on the GPUs (docs/loading.md).
     // CPFILL_UPLOAD=host takes the older way instead (each layer read into host fp32 and
     // uploaded), for comparison.
-    const char* way = std::getenv("CPFILL_UPLOAD");
-    if (!way || std::string(way) != "host") {
+    const char* env = std::getenv("CPFILL_UPLOAD");
+    const std::string way = env ? env : "stored";
+    CPFILL_CHECK(way == "stored" || way == "host",
+                 "CPFILL_UPLOAD={}: expected stored (the default) or host", way);
+    if (way == "stored") {
         stored_load_ = gpu_->load_stored(ckpt, load.threads, load.progress);
         load_bytes_ = stored_load_.bytes;
         rank_bytes_ = 0;  // no host weights
@@ -181,12 +184,9 @@ PrefillOutput PrefillEngine::run_cpu(const std::vector<std::vector<int32_t>>& re
 
 PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& requests,
                                      const RunOptions& opt, GpuStats* stats) {
-    CPFILL_CHECK(opt.chunk == 0,
-                 "--chunk {}: chunked prefill is not available on the CUDA backend "
-                 "yet (docs/status.md); leave --chunk out",
-                 opt.chunk);
     GpuRunOptions g;
     g.tbo = opt.tbo;
+    g.chunk = opt.chunk;
     g.all_logits = opt.all_logits;
     g.record_hidden = opt.record_hidden;
     g.record_topk = opt.record_topk;

@@ -300,6 +300,7 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
     const std::vector<Batch> chunks = make_chunks(requests, opt.chunk);
     PrefillOutput out =
         make_prefill_output(cfg, requests, opt.all_logits, opt.record_hidden, opt.record_topk);
+    if (chunks.size() > 1) out.chunk = opt.chunk;
     std::vector<bool> tbo(chunks.size());
     for (size_t c = 0; c < chunks.size(); ++c) {
         tbo[c] = opt.tbo == TboMode::On ||

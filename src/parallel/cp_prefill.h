@@ -37,6 +37,7 @@ struct PrefillOutput {
     std::vector<Tensor> routes;  // record_topk: per layer i32 [T, top_k], the routed experts
     KvStore kv;                  // rank 0's KV store after the last chunk
     bool tbo_used = false;
+    int64_t chunk = 0;  // tokens per chunk the run used (0: one pass)
     int64_t n_tokens = 0;
 };
 

@@ -40,6 +40,10 @@ struct GpuGroupOptions {
 
 struct GpuRunOptions {
     TboMode tbo = TboMode::Off;
+    // > 0: the token stream in chunks of this many tokens through the KV store (as the CPU
+    // backend's PrefillOptions::chunk). 0: one pass, or the largest power-of-two chunk that fits
+    // when one pass does not (docs/parallel.md, "Chunked prefill on GPUs").
+    int64_t chunk = 0;
     bool all_logits = false;
     bool record_hidden = false;  // as PrefillOptions (rank 0's output)
     bool record_topk = false;    // indexer selections and router choices (PrefillOutput)
@@ -49,6 +53,9 @@ struct GpuRunOptions {
     bool no_comm = false;
     bool phase_timing = false;  // CUDA events around each phase on rank 0 (GpuStats::phases)
     int fail_rank = -1;         // tests: this rank throws at layer 1, before its collectives
+    // Tests: each GPU counts as having at most this many bytes for the workspace (0: what it
+    // has), so that a small batch meets the out-of-memory paths (automatic chunking, errors).
+    size_t workspace_limit = 0;
     // Routed experts: a GEMM pair per expert spread over `expert_streams` CUDA streams (1–8), or
     // two grouped GEMMs per sub-batch (cublasGemmGroupedBatchedEx). Measured on the H200 with
     // CUDA 13's cuBLAS, the grouped call runs at half the rate (345 vs 748 TFLOP/s at V4-Flash's
@@ -78,11 +85,13 @@ struct GpuStats {
     size_t peak_bytes = 0;              // the largest per-GPU device memory in use
     size_t weight_bytes = 0;            // per-GPU bytes of weights (largest rank)
     bool tbo_used = false;
+    int64_t chunk = 0;  // tokens per chunk the run used (0: one pass)
     int64_t n_tokens = 0;
 };
 
-// What one GPU needs for a prefill of `n_tokens` (one batch) on C ranks: the weights of one rank
-// and the planned workspace (activations, KV store, collective buffers), in bytes.
+// What one GPU needs for a prefill of `n_tokens` (one batch, in chunks of `chunk` tokens when
+// > 0) on C ranks: the weights of one rank and the planned workspace (activations of a chunk, the
+// KV store of the whole prompt, collective buffers), in bytes.
 struct GpuMemoryPlan {
     size_t weights = 0;
     size_t workspace = 0;
@@ -90,7 +99,7 @@ struct GpuMemoryPlan {
 };
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits,
-                              GpuWeightFormat format = GpuWeightFormat::Bf16);
+                              GpuWeightFormat format = GpuWeightFormat::Bf16, int64_t chunk = 0);
 // The `weights` part alone needs no GPU: gpu_weight_bytes (model/weight_bytes.h).
 
 // Ceilings measured on this machine (docs/performance.md): bf16 and block-scaled fp8 GEMM 8192³

@@ -35,7 +35,7 @@ std::future<JobResult> Scheduler::submit(JobSpec spec) {
     if (!opt_.chunk_long && job->tokens > opt_.max_batch_tokens)
         throw HttpError(413, "invalid_request_error",
                         fmt::format("the request has {} tokens, more than --max-batch-tokens {}: "
-                                    "this backend cannot split a prompt into chunks yet (CUDA); "
+                                    "this server does not split prompts into chunks; "
                                     "send fewer or shorter prompts, or start the server with a "
                                     "larger --max-batch-tokens",
                                     job->tokens, opt_.max_batch_tokens));
@@ -158,7 +158,7 @@ void Scheduler::run_batch(std::vector<std::unique_ptr<Job>>& batch) {
     ro.tbo = opt_.tbo;
     ro.all_logits = batch.front()->spec.all_logits;
     ro.keep_kv = batch.front()->spec.keep_kv;
-    if (tokens > opt_.max_batch_tokens) ro.chunk = opt_.max_batch_tokens;  // one job, CPU
+    if (tokens > opt_.max_batch_tokens) ro.chunk = opt_.max_batch_tokens;  // one job
     RunResult r;
     std::string error;
     try {

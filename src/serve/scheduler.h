@@ -1,7 +1,7 @@
 // The resident server's queue and batcher (docs/serve.md "Scheduling"): requests wait in arrival
 // order; one worker thread takes from the front as many as fit into max_batch_tokens (at least
 // one), runs them as one batch and hands each its share of the results. A request longer than the
-// budget runs alone, in chunks of the budget where the backend can chunk (CPU), else it is refused
+// budget runs alone, in chunks of the budget (chunk_long; both backends chunk), else it is refused
 // with 413 at submission. The batch runner is a function, so tests can put a fake model behind it.
 #pragma once
 
@@ -48,7 +48,7 @@ using BatchRunner =
 struct SchedulerOptions {
     int64_t max_batch_tokens = 8192;
     size_t max_queue = 64;   // waiting jobs; one more is refused with 503
-    bool chunk_long = true;  // over-budget jobs run in chunks (CPU); false: 413 at submission
+    bool chunk_long = true;  // over-budget jobs run in chunks; false: 413 at submission
     TboMode tbo = TboMode::Auto;
     bool hold_batches = false;  // tests: each batch waits for release_batch() or shutdown()
 };

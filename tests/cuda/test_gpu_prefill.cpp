@@ -23,6 +23,7 @@
 #include "../golden/golden_util.h"
 #include "cuda_test_util.h"
 #include "engine/prefill_engine.h"
+#include "gpu_fixture.h"
 #include "io/checkpoint.h"
 #include "io/presets.h"
 #include "io/safetensors.h"
@@ -34,64 +35,7 @@ namespace {
 
 using testing::golden_fixtures;
 using testing::rows_of;
-
-// bf16 weights and activations against fp32 (docs/design.md §3).
-constexpr double kTolerance = 2e-2;
-constexpr double kOutlierRows = 0.10;
-
-// See the file comment. rows: how many token rows the tensors hold.
-::testing::AssertionResult close(const std::string& what, const Tensor& actual,
-                                 const Tensor& expected, double tol, double* frob_out = nullptr) {
-    if (actual.numel() != expected.numel())
-        return ::testing::AssertionFailure()
-               << what << ": " << actual.numel() << " values vs " << expected.numel();
-    const testing::RowErrors e = testing::row_errors(actual, expected, tol);
-    if (!e.finite) return ::testing::AssertionFailure() << what << ": non-finite";
-    if (frob_out) *frob_out = e.frob;
-    std::printf(
-        "[ compare ] %s: %lld of %lld rows over %.0e, the others frobenius-relative %.3g (worst "
-        "row "
-        "%lld: max abs %.3g of %.3g)\n",
-        what.c_str(), static_cast<long long>(e.outliers), static_cast<long long>(e.rows), tol,
-        e.frob, static_cast<long long>(e.worst_row), e.worst, e.ref_max);
-    if (e.frob <= tol && e.outliers <= static_cast<int64_t>(kOutlierRows * e.rows))
-        return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << what << ": frobenius-relative error " << e.frob << " (limit " << tol << "), "
-           << e.outliers << " of " << e.rows << " rows off by more than " << tol
-           << " of the max (limit " << kOutlierRows * 100 << "%)";
-}
-
-struct Fixture {
-    std::string dir;
-    ModelConfig cfg;
-    std::vector<ModelWeights> ranks;
-    std::unique_ptr<SafetensorsFile> ref;
-    std::vector<std::vector<int32_t>> requests;
-    std::string suffix(int r) const {
-        return requests.size() > 1 ? fmt::format("_{}", r) : std::string();
-    }
-};
-
-Fixture load_fixture(const std::string& dir, int cp) {
-    Fixture f;
-    f.dir = dir;
-    Checkpoint ck(dir);
-    f.cfg = ck.config();
-    f.ranks = load_rank_weights(ck, cp, LoadOptions{});
-    f.ref = std::make_unique<SafetensorsFile>(dir + "/reference.safetensors");
-    auto ids = [](const Tensor& t) {
-        std::vector<int32_t> out;
-        for (int64_t i = 0; i < t.numel(); ++i) out.push_back(int32_t(t.data<int64_t>()[i]));
-        return out;
-    };
-    if (f.ref->has("input_ids"))
-        f.requests.push_back(ids(f.ref->get("input_ids")));
-    else
-        for (int r = 0; f.ref->has(fmt::format("input_ids_{}", r)); ++r)
-            f.requests.push_back(ids(f.ref->get(fmt::format("input_ids_{}", r))));
-    return f;
-}
+using namespace gpu_test;
 
 PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool grouped_experts = false) {
     GpuGroupOptions go;
@@ -106,12 +50,6 @@ PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool groupe
     o.record_hidden = o.record_topk = records;
     o.grouped_experts = grouped_experts;
     return g.run(f.requests, o);
-}
-
-int32_t last_argmax(const Tensor& logits) {
-    const int64_t V = logits.dim(logits.ndim() - 1);
-    const int64_t rows = logits.numel() / V;
-    return argmax(logits.f32() + (rows - 1) * V, V);
 }
 
 class GpuGolden : public ::testing::TestWithParam<std::string> {};
@@ -284,13 +222,18 @@ TEST(GpuPrefill, OutOfMemoryIsAnErrorBeforeAnyWork) {
     int64_t n = 65536;
     while (plan_gpu_memory(cfg, n, 1, 1, false, false).workspace < free_b) n *= 2;
     std::vector<std::vector<int32_t>> req(1, std::vector<int32_t>(n, 7));
+    // As one chunk (an explicit --chunk of the whole prompt: no automatic chunking, which
+    // test_gpu_chunks.cpp tests), so the error names the chunk that fits.
+    GpuRunOptions whole;
+    whole.chunk = n;
     try {
-        g.run(req, GpuRunOptions{});
+        g.run(req, whole);
         FAIL() << "expected out of GPU memory for " << n << " tokens";
     } catch (const Error& e) {
         const std::string m = e.what();
         EXPECT_NE(m.find("out of GPU memory"), std::string::npos) << m;
-        EXPECT_NE(m.find("--cp"), std::string::npos) << m;
+        EXPECT_NE(m.find("would fit"), std::string::npos) << m;
+        EXPECT_NE(m.find("--chunk"), std::string::npos) << m;
     }
     // The group still works after the refusal.
     std::vector<std::vector<int32_t>> small(1, std::vector<int32_t>(300, 7));

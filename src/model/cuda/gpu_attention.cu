@@ -31,14 +31,15 @@ void linear(const GpuCtx& c, const bf16* x, int64_t n, const GpuMatrix& w, bf16*
     gpu_linear(c, w, x, w.cols, n, y, nullptr, ldy);
 }
 
-// Pools windows [first, last) of one compressor from packed request rows into dst rows.
+// Pools windows [first, last) of one compressor from packed request rows (rows[0] is position
+// row0) into dst rows.
 void pool(const GpuCtx& c, const GpuWeights& W, const GpuCompressor& comp, int ratio, int64_t dim,
-          bool overlap, const bf16* rows, int64_t ld, int64_t c_off, int64_t z_off, int64_t first,
-          int64_t last, bf16* dst, const int64_t* win_pos) {
+          bool overlap, const bf16* rows, int64_t ld, int64_t row0, int64_t c_off, int64_t z_off,
+          int64_t first, int64_t last, bf16* dst, const int64_t* win_pos) {
     if (last <= first) return;
     const ModelConfig& cfg = W.cfg;
     bf16* out = dst + first * dim;
-    oc::compress_pool({ratio, dim, overlap}, rows + c_off, rows + z_off, ld, 0,
+    oc::compress_pool({ratio, dim, overlap}, rows + c_off, rows + z_off, ld, row0,
                       comp.ape.as<float>(), first, last, out, c.stream);
     oc::rmsnorm(out, last - first, dim, comp.norm.as<float>(), float(cfg.norm_eps), out, c.stream);
     oc::apply_rope(out, last - first, dim, 1, static_cast<int>(dim), cfg.rope_dim,
@@ -116,15 +117,17 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, c
     oc::scale_f32(s.wI, n * nI, 1.0f / std::sqrt(float(nI)), c.stream);
 }
 
-void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
-                   const bf16* request_rows, int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv,
+void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* rows,
+                   int64_t ld, int64_t row0, int64_t pos0, int64_t len, GpuLayerKv& kv,
                    const GpuAttnScratch& s) {
     const ModelConfig& cfg = W.cfg;
     const int64_t d = cfg.head_dim;
     CPFILL_CHECK(kv.n_tokens == pos0, "KV store holds {} tokens but the segment starts at {}",
                  kv.n_tokens, pos0);
+    CPFILL_CHECK(row0 >= 0 && row0 <= pos0, "segment rows start at {}, after its position {}", row0,
+                 pos0);
     c.phase(Phase::Attention);
-    oc::copy_cols_bf16(request_rows + pos0 * ld, ld, len, d, kv.window + pos0 * d, d, c.stream);
+    oc::copy_cols_bf16(rows + (pos0 - row0) * ld, ld, len, d, kv.window + pos0 * d, d, c.stream);
     const int64_t after = pos0 + len;
     if (L.type != AttnType::Sliding) {
         c.phase(Phase::Compressor);
@@ -132,12 +135,11 @@ void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
         const int ratio = csa ? cfg.csa_ratio : cfg.hca_ratio;
         const int64_t comp = (csa ? 2 : 1) * d, first = kv.n_entries, last = after / ratio;
         const int64_t* wp = csa ? s.win_pos_csa : s.win_pos_hca;
-        pool(c, W, L.comp, ratio, d, csa, request_rows, ld, d, d + comp, first, last, kv.entries,
-             wp);
+        pool(c, W, L.comp, ratio, d, csa, rows, ld, row0, d, d + comp, first, last, kv.entries, wp);
         if (csa) {
             const int64_t dI = cfg.index_head_dim, off = d + 2 * comp;
-            pool(c, W, L.idx_comp, ratio, dI, true, request_rows, ld, off, off + 2 * dI, first,
-                 last, kv.index_keys, wp);
+            pool(c, W, L.idx_comp, ratio, dI, true, rows, ld, row0, off, off + 2 * dI, first, last,
+                 kv.index_keys, wp);
         }
         kv.n_entries = last;
     }

@@ -69,10 +69,11 @@ void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
 void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
                       const bf16* xn, GpuAttnScratch& s);
 // Appends positions pos0 … pos0 + len − 1 of a request from packed rows (row stride ld; row r is
-// position r of the request, so rows before pos0 are the request's earlier tokens) and pools the
-// windows they complete.
-void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
-                   const bf16* request_rows, int64_t ld, int64_t pos0, int64_t len, GpuLayerKv& kv,
+// position row0 + r of the request, row0 ≤ pos0, so rows before pos0 − row0 are the request's
+// earlier tokens, which the windows completed here may pool) and pools the windows they complete.
+// Throws when a window needs a position before row0.
+void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* rows,
+                   int64_t ld, int64_t row0, int64_t pos0, int64_t len, GpuLayerKv& kv,
                    const GpuAttnScratch& s);
 // Local queries against the store → out bf16 [n, d_model] (zeros on pad rows); s.topk holds the
 // indexer selections (−1 padded; −1 on pad rows) of CSA layers.

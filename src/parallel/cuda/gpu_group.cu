@@ -346,13 +346,17 @@ void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
 
 namespace {
 
-// The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU.
+// The smallest chunk automatic chunking tries (below it the expert GEMMs run on few rows).
+constexpr int64_t kMinAutoChunk = 1024;
+
+// The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU, in
+// chunks of `chunk` tokens (0: one pass).
 int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
                const std::vector<std::vector<int32_t>>& requests, const GpuRunOptions& opt,
-               size_t capacity) {
+               int64_t chunk, size_t capacity) {
     for (int c = 1; c <= 64; ++c) {
         if (cfg.moe_dim < c) break;
-        const cuda::RunPlan p = cuda::make_run_plan(requests, cfg, c, opt.tbo);
+        const cuda::RunPlan p = cuda::make_run_plan(requests, cfg, c, opt.tbo, chunk);
         const ExpertSlice widest = widest_slice(cfg.moe_dim, c);
         const int64_t width = slice_width(cfg.moe_dim, widest);
         const cuda::WeightNeeds needs = cuda::needs_of(cfg, widest, format);
@@ -364,14 +368,17 @@ int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
     return 0;
 }
 
-// Bytes a rank's GPU can give this group: free memory plus what its arena and weights hold.
-size_t memory_capacity(GpuGroup::Impl& g) {
+// Bytes a rank's GPU can give this group: free memory plus what its arena and weights hold
+// (weights + GpuRunOptions::workspace_limit at most).
+size_t memory_capacity(GpuGroup::Impl& g, const GpuRunOptions& opt) {
     size_t cap = SIZE_MAX;
     for (auto& r : g.ranks) {
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
         CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        cap = std::min(cap, free_b + (r->arena ? r->arena->capacity() : 0) + r->weights->bytes);
+        size_t have = free_b + (r->arena ? r->arena->capacity() : 0);
+        if (opt.workspace_limit > 0) have = std::min(have, opt.workspace_limit);
+        cap = std::min(cap, have + r->weights->bytes);
     }
     return cap;
 }
@@ -386,7 +393,9 @@ std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const cu
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
         CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        const size_t have = free_b + (r->arena ? r->arena->capacity() : 0);
+        size_t have = free_b + (r->arena ? r->arena->capacity() : 0);
+        if (opt.workspace_limit > 0)
+            have = std::min(have, opt.workspace_limit + (size_t{512} << 20));
         if (need + (size_t{512} << 20) > have)
             return fmt::format(
                 "{:.2f} GB of workspace per GPU needed (+0.5 GB reserve) but GPU {} has {:.2f} GB "
@@ -412,19 +421,51 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     const int C = g.opt.cp;
     // Memory check before any work: the workspace must fit beside the weights. With `auto`, a
     // batch that does not fit whole may still fit split in two (each sub-batch's MoE buffers are
-    // half as large): then TBO is used whatever the cost model says.
-    cuda::RunPlan plan = cuda::make_run_plan(requests, cfg, C, opt.tbo);
+    // half as large): then TBO is used whatever the cost model says. Without --chunk, a batch that
+    // still does not fit runs in the largest power-of-two chunks that do (the KV store of the
+    // whole prompt stays; only the activations shrink).
+    // Under mpirun each process sees only its own GPUs, so a plan chosen by free memory could
+    // differ between processes: there the plan is the one asked for, and the error names the
+    // --chunk that would fit.
+    const bool one_process = g.ranks.size() == static_cast<size_t>(C);
+    cuda::RunPlan plan = cuda::make_run_plan(requests, cfg, C, opt.tbo, opt.chunk);
     std::string short_of = memory_shortfall(g, cfg, plan, opt);
-    if (!short_of.empty() && opt.tbo == TboMode::Auto && !plan.tbo) {
-        cuda::RunPlan split = cuda::make_run_plan(requests, cfg, C, TboMode::On);
-        if (split.tbo && memory_shortfall(g, cfg, split, opt).empty()) {
+    int64_t fitting_chunk = 0;
+    if (!short_of.empty() && one_process && opt.tbo == TboMode::Auto && !plan.tbo()) {
+        cuda::RunPlan split = cuda::make_run_plan(requests, cfg, C, TboMode::On, opt.chunk);
+        if (split.tbo() && memory_shortfall(g, cfg, split, opt).empty()) {
             plan = std::move(split);
             short_of.clear();
         }
     }
+    int64_t total = 0;
+    for (const auto& r : requests) total += static_cast<int64_t>(r.size());
     if (!short_of.empty()) {
-        const int fit = fitting_cp(cfg, g.opt.weights, requests, opt, memory_capacity(g));
-        CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}: {}; {}", plan.batch.n_tokens(), C,
+        int64_t chunk = kMinAutoChunk;
+        while (chunk * 2 < std::min(total, opt.chunk > 0 ? opt.chunk : total)) chunk *= 2;
+        for (; chunk >= kMinAutoChunk; chunk /= 2) {
+            cuda::RunPlan chunked = cuda::make_run_plan(requests, cfg, C, opt.tbo, chunk);
+            if (memory_shortfall(g, cfg, chunked, opt).empty()) {
+                fitting_chunk = chunk;
+                if (opt.chunk == 0 && one_process) {
+                    plan = std::move(chunked);
+                    short_of.clear();
+                }
+                break;
+            }
+        }
+    }
+    if (!short_of.empty() && fitting_chunk > 0)
+        CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}{}: {}; --chunk {} would fit", total, C,
+                    opt.chunk > 0 ? fmt::format(" --chunk {}", opt.chunk) : std::string(), short_of,
+                    fitting_chunk);
+    if (!short_of.empty()) {
+        const int64_t advice_chunk = opt.chunk > 0 ? opt.chunk : kMinAutoChunk;
+        const int fit =
+            fitting_cp(cfg, g.opt.weights, requests, opt, advice_chunk, memory_capacity(g, opt));
+        CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}{}: {}; {}", total, C,
+                    opt.chunk > 0 ? fmt::format(" --chunk {}", opt.chunk)
+                                  : fmt::format(" (also in chunks of {})", kMinAutoChunk),
                     short_of,
                     fit > C ? fmt::format("--cp {} would fit", fit)
                             : std::string("no --cp up to 64 fits: shorten the prompt"));
@@ -435,8 +476,9 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     PrefillOutput out =
         make_prefill_output(cfg, has_rank0 ? requests : none, opt.all_logits,
                             opt.record_hidden && has_rank0, opt.record_topk && has_rank0);
-    out.n_tokens = plan.batch.n_tokens();
-    out.tbo_used = plan.tbo;
+    out.n_tokens = plan.n_tokens;
+    out.tbo_used = plan.tbo();
+    out.chunk = plan.chunk;
     if (opt.record_kv && has_rank0)
         out.kv.assign(requests.size(), std::vector<LayerKv>(cfg.n_layers));
     GpuStats st;
@@ -448,8 +490,9 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                        zero ? &st : nullptr);
     });
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    st.tbo_used = plan.tbo;
-    st.n_tokens = plan.batch.n_tokens();
+    st.tbo_used = plan.tbo();
+    st.chunk = plan.chunk;
+    st.n_tokens = plan.n_tokens;
     for (auto& r : g.ranks) {
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
@@ -462,7 +505,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
 }
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
-                              bool tbo, bool all_logits, GpuWeightFormat format) {
+                              bool tbo, bool all_logits, GpuWeightFormat format, int64_t chunk) {
     CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",
                  n_tokens, n_requests);
     std::vector<std::vector<int32_t>> reqs(n_requests);
@@ -471,7 +514,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
     GpuRunOptions opt;
     opt.tbo = tbo ? TboMode::On : TboMode::Off;
     opt.all_logits = all_logits;
-    const cuda::RunPlan plan = cuda::make_run_plan(reqs, cfg, cp, opt.tbo);
+    const cuda::RunPlan plan = cuda::make_run_plan(reqs, cfg, cp, opt.tbo, chunk);
     const ExpertSlice widest = widest_slice(cfg.moe_dim, cp);
     const int64_t width = slice_width(cfg.moe_dim, widest);
     GpuMemoryPlan p;

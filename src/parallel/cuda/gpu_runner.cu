@@ -93,6 +93,8 @@ class Runner {
 
   private:
     void setup();
+    void setup_chunk(const ChunkPlan& chunk);
+    void run_chunk();
     void stage_x(SubState& s, int li);
     void stage_y(SubState& s, int li);
     void finish_moe(SubState& s, int li);
@@ -115,6 +117,7 @@ class Runner {
     const GpuWeights& W_;
     const ModelConfig& cfg_;
     const RunPlan& plan_;
+    const ChunkPlan* chunk_ = nullptr;  // the chunk being run
     const GpuRunOptions& opt_;
     PrefillOutput* out_;
     PhaseTimer timer_;
@@ -126,7 +129,7 @@ class Runner {
 };
 
 void Runner::setup() {
-    const int C = dev_.cp, r = dev_.rank;
+    const int C = dev_.cp;
     const WeightNeeds needs = needs_of(W_);
     const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_, needs);
     if (!dev_.arena || dev_.arena->capacity() < need) {
@@ -139,17 +142,34 @@ void Runner::setup() {
     carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_, needs);
     ctx_.fp8 = needs.dense_fp8 ? &ws_.fp8 : nullptr;
     const cudaStream_t st = dev_.compute;
+    const int64_t max_len = dims_.max_len;
+    oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_csa), max_len / cfg_.csa_ratio + 1,
+                 cfg_.csa_ratio, st);
+    oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_hca), max_len / cfg_.hca_ratio + 1,
+                 cfg_.hca_ratio, st);
+    for (size_t i = 0; i < ws_.subs.size(); ++i)
+        ws_.subs[i].route.host_counts = dev_.host_counts + i * cfg_.n_experts;
+}
+
+// The chunk's sub-batches into the sub-batch states: layouts, positions, tokens, embeddings (the
+// buffers, sized for the largest chunk, stay).
+void Runner::setup_chunk(const ChunkPlan& chunk) {
+    chunk_ = &chunk;
+    const int C = dev_.cp, r = dev_.rank;
+    const cudaStream_t st = dev_.compute;
     const int64_t D = cfg_.d_model;
-    for (size_t i = 0; i < plan_.subs.size(); ++i) {
+    for (size_t i = 0; i < chunk.subs.size(); ++i) {
         SubState& s = ws_.subs[i];
         s.index = static_cast<int>(i);
-        s.row_offset = plan_.row_offset[i];
-        s.batch = &plan_.subs[i];
+        s.row_offset = chunk.row_offset[i];
+        s.stream_row0 = chunk.stream_row0 + chunk.row_offset[i];
+        s.batch = &chunk.subs[i];
         s.layout = make_layout(*s.batch, C);
         s.rows = s.layout.local_rows(*s.batch, r);
         s.n = s.layout.local();
         s.padded = s.layout.padded;
         const std::vector<int32_t> rm = s.layout.rank_major_tokens(*s.batch);
+        // Pageable sources: the copies are done when cudaMemcpyAsync returns.
         CPFILL_CUDA_CHECK(
             cudaMemcpyAsync(s.pos, s.rows.pos.data(), s.n * 8, cudaMemcpyHostToDevice, st));
         CPFILL_CUDA_CHECK(
@@ -158,9 +178,10 @@ void Runner::setup() {
                                           cudaMemcpyHostToDevice, st));
         s.grows.n = s.n;
         s.grows.pos = s.pos;
+        auto& segs = s.grows.segments;
+        segs.clear();
         for (int64_t t = 0; t < s.n; ++t) {
             if (!s.rows.valid[t]) continue;
-            auto& segs = s.grows.segments;
             if (segs.empty() || segs.back().request != s.rows.request[t] || segs.back().end != t)
                 segs.push_back({s.rows.request[t], t, t + 1});
             else
@@ -168,12 +189,6 @@ void Runner::setup() {
         }
         oc::embed_streams(W_.embed.as<bf16>(), s.tokens_local, s.n, D, cfg_.hc, s.h, st);
     }
-    const int64_t max_len = dims_.max_len;
-    oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_csa), max_len / cfg_.csa_ratio + 1,
-                 cfg_.csa_ratio, st);
-    oc::iota_i64(const_cast<int64_t*>(ws_.attn.win_pos_hca), max_len / cfg_.hca_ratio + 1,
-                 cfg_.hca_ratio, st);
-    for (SubState& s : ws_.subs) s.route.host_counts = dev_.host_counts + s.index * cfg_.n_experts;
 }
 
 void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
@@ -181,7 +196,7 @@ void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
     const void* send = s.send[k];
     void* recv = s.recv[k];
     const bool scatter = k == kScatter;
-    if (!plan_.tbo) {
+    if (!chunk_->tbo) {
         ctx_.phase(Phase::Collectives);
         if (scatter)
             dev_.cp_comm->reduce_scatter(send, recv, count, type, dev_.compute);
@@ -199,7 +214,7 @@ void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
 }
 
 void Runner::finish(Slot k, SubState& s) {
-    if (opt_.no_comm || !plan_.tbo) return;
+    if (opt_.no_comm || !chunk_->tbo) return;
     ctx_.phase(Phase::Collectives);
     done_[k][s.index].make_wait(dev_.compute);
 }
@@ -224,13 +239,26 @@ void Runner::stage_x(SubState& s, int li) {
     gpu_attn_queries(ctx_, W_, L, s.grows, ws_.x, ws_.attn);
     finish(kAttn, s);
     ctx_.phase(Phase::Attention);
-    bf16* stage = ws_.staging + s.row_offset * dims_.w_max;
-    oc::rerange_rows(s.recv[kAttn], dev_.cp, n, width * 2, s.layout.n_tokens, stage,
-                     dims_.w_max * 2, st);
+    const int64_t ld = dims_.w_max, carry = dims_.carry;
+    // With chunks, the rows before row 0 hold the last rows of the chunk before (this layer's):
+    // a request continued here may pool windows that began there.
+    if (carry > 0 && s.index == 0)
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.staging - carry * ld, ws_.carry[li],
+                                          carry * ld * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
+    bf16* stage = ws_.staging + s.row_offset * ld;
+    oc::rerange_rows(s.recv[kAttn], dev_.cp, n, width * 2, s.layout.n_tokens, stage, ld * 2, st);
     for (const Segment& seg : s.batch->segments) {
-        const bf16* req_rows = stage + (seg.row0 - seg.pos0) * dims_.w_max;
-        gpu_kv_append(ctx_, W_, L, req_rows, dims_.w_max, seg.pos0, seg.len,
-                      ws_.kv[seg.request][li], ws_.attn);
+        // Rows of the request before the segment that the staging buffer holds: the chunk's
+        // earlier rows (the other sub-batch's) and the carried ones.
+        const int64_t row = s.row_offset + seg.row0;
+        const int64_t before = std::min(seg.pos0, row + carry);
+        gpu_kv_append(ctx_, W_, L, ws_.staging + (row - before) * ld, ld, seg.pos0 - before,
+                      seg.pos0, seg.len, ws_.kv[seg.request][li], ws_.attn);
+    }
+    if (carry > 0 && s.index + 1 == static_cast<int>(chunk_->subs.size())) {
+        const int64_t T = chunk_->batch.n_tokens();
+        CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.carry[li], ws_.staging + (T - carry) * ld,
+                                          carry * ld * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
     }
     if (opt_.record_kv && out_) record_kv_tails(s, li, stage);
     gpu_attn_output(ctx_, W_, L, li, s.grows, ws_.kv, ws_.attn, ws_.attn_out);
@@ -250,7 +278,7 @@ void Runner::stage_x(SubState& s, int li) {
 void Runner::start_route(SubState& s, int li) {
     mark_[s.index].record(dev_.compute);
     mark_[s.index].make_wait(dev_.route);
-    if (plan_.tbo && !opt_.no_comm) done_[kMoeGather][s.index].make_wait(dev_.route);
+    if (chunk_->tbo && !opt_.no_comm) done_[kMoeGather][s.index].make_wait(dev_.route);
     gpu_moe_route(route_ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.tokens_rm, s.padded,
                   s.route);
     routed_[s.index].record(dev_.route);
@@ -277,7 +305,7 @@ void Runner::record_routes(SubState& s, int li) {
     CPFILL_CUDA_CHECK(cudaMemcpyAsync(host.data(), s.route.idx, host.size() * 4,
                                       cudaMemcpyDeviceToHost, dev_.compute));
     wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "recording the router's choices");
-    int32_t* dst = out_->routes[li].data<int32_t>() + s.row_offset * K;
+    int32_t* dst = out_->routes[li].data<int32_t>() + s.stream_row0 * K;
     for (int64_t t = 0; t < s.layout.n_tokens; ++t)
         std::copy_n(host.data() + ((t % C) * s.n + t / C) * K, K, dst + t * K);
 }
@@ -309,7 +337,7 @@ void Runner::record_rows(SubState& s, const void* local, int64_t width, size_t e
     wait_stream(st, *ctx_.flag, ctx_.deadline, "recording a hidden state");
     const int C = dev_.cp;
     const int64_t out_elem = widen_bf16 ? 4 : static_cast<int64_t>(elem);
-    char* base = static_cast<char*>(dst->raw_mut()) + s.row_offset * width * out_elem;
+    char* base = static_cast<char*>(dst->raw_mut()) + s.stream_row0 * width * out_elem;
     for (int64_t t = 0; t < s.layout.n_tokens; ++t) {
         const char* src = host.data() + ((t % C) * n + t / C) * bytes;
         if (!widen_bf16) {
@@ -449,22 +477,30 @@ void Runner::head(SubState& s) {
     }
 }
 
-void Runner::run(GpuStats* stats) {
-    setup();
-    std::vector<SubState>& subs = ws_.subs;
+// One chunk through every layer and the head.
+void Runner::run_chunk() {
+    const size_t n_subs = chunk_->subs.size();
     if (opt_.record_hidden)
-        for (SubState& s : subs)
-            record_rows(s, s.h, int64_t{cfg_.hc} * cfg_.d_model, 4,
+        for (size_t i = 0; i < n_subs; ++i)
+            record_rows(ws_.subs[i], ws_.subs[i].h, int64_t{cfg_.hc} * cfg_.d_model, 4,
                         out_ ? &out_->hidden[0] : nullptr, false);
     for (int li = 0; li < cfg_.n_layers; ++li) {
         timer_.mark_layer(dev_.compute);
-        for (SubState& s : subs) stage_x(s, li);
-        for (SubState& s : subs) stage_y(s, li);
+        for (size_t i = 0; i < n_subs; ++i) stage_x(ws_.subs[i], li);
+        for (size_t i = 0; i < n_subs; ++i) stage_y(ws_.subs[i], li);
     }
-    for (SubState& s : subs) finish_moe(s, cfg_.n_layers - 1);
+    for (size_t i = 0; i < n_subs; ++i) finish_moe(ws_.subs[i], cfg_.n_layers - 1);
     timer_.mark_layer(dev_.compute);
-    for (SubState& s : subs) head(s);
+    for (size_t i = 0; i < n_subs; ++i) head(ws_.subs[i]);
     timer_.end(dev_.compute);
+}
+
+void Runner::run(GpuStats* stats) {
+    setup();
+    for (const ChunkPlan& c : plan_.chunks) {
+        setup_chunk(c);
+        run_chunk();
+    }
     wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "the prefill");
     wait_stream(dev_.comm, *ctx_.flag, ctx_.deadline, "the comm stream");
     wait_stream(dev_.route, *ctx_.flag, ctx_.deadline, "the router stream");
@@ -477,7 +513,13 @@ void Runner::run(GpuStats* stats) {
         stats->phases.moe = p[static_cast<int>(Phase::Moe)];
         stats->phases.collectives = p[static_cast<int>(Phase::Collectives)];
         stats->phases.other = p[static_cast<int>(Phase::Other)];
-        stats->layer_seconds = timer_.layer_seconds();  // marks before each layer and the head
+        // Marks before each layer and the head of every chunk: a layer's seconds summed over
+        // the chunks.
+        const std::vector<double> marks = timer_.layer_seconds();
+        const size_t L = static_cast<size_t>(cfg_.n_layers);
+        stats->layer_seconds.assign(L, 0.0);
+        for (size_t i = 0; i < marks.size(); ++i)
+            if (i % (L + 1) < L) stats->layer_seconds[i % (L + 1)] += marks[i];
     }
 }
 

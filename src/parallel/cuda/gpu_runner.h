@@ -50,16 +50,29 @@ struct RankDevice {
     ~RankDevice();
 };
 
+// One chunk of a run (the whole batch when not chunked): its token stream cut into 1 or 2
+// sub-batches. Segments of a request that began in an earlier chunk continue it through the KV
+// store (docs/parallel.md, "Chunked prefill on GPUs").
+struct ChunkPlan {
+    Batch batch;
+    int64_t stream_row0 = 0;  // first row of the chunk in the whole token stream
+    bool tbo = false;
+    std::vector<Batch> subs;          // 1 or 2 sub-batches
+    std::vector<int64_t> row_offset;  // first row of each sub-batch in the chunk
+};
+
 // Everything one run needs to know besides the weights: the requests and the schedule.
 struct RunPlan {
     std::vector<std::vector<int32_t>> const* requests = nullptr;
-    Batch batch;  // the whole batch (no chunking on the GPU)
-    bool tbo = false;
-    std::vector<Batch> subs;          // 1 or 2 sub-batches
-    std::vector<int64_t> row_offset;  // first row of each sub-batch in the batch
+    int64_t n_tokens = 0;
+    int64_t chunk = 0;  // tokens per chunk (0: one pass)
+    std::vector<ChunkPlan> chunks;
+    bool tbo() const;  // whether any chunk splits in two
 };
+// chunk > 0: chunks of at most `chunk` tokens of the flattened stream (make_chunks), each with
+// its own TBO decision; otherwise one pass.
 RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
-                      int cp, TboMode tbo);
+                      int cp, TboMode tbo, int64_t chunk = 0);
 
 // Device bytes of the workspace a run of `plan` needs on one rank (the arena's size).
 struct WeightNeeds;

@@ -11,22 +11,39 @@ namespace cpfill::cuda {
 
 namespace oc = ops::cuda;
 
+bool RunPlan::tbo() const {
+    return std::any_of(chunks.begin(), chunks.end(), [](const ChunkPlan& c) { return c.tbo; });
+}
+
 RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
-                      int cp, TboMode tbo) {
+                      int cp, TboMode tbo, int64_t chunk) {
     RunPlan p;
     p.requests = &requests;
-    p.batch = make_batch(requests, cfg.vocab_size);
-    const int64_t T = p.batch.n_tokens();
-    p.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && gpu_tbo_pays(cfg, T, cp));
-    if (T < 2) p.tbo = false;
-    if (p.tbo) {
-        auto [a, b] = split_in_two(p.batch);
-        p.row_offset = {0, a.n_tokens()};
-        p.subs.push_back(std::move(a));
-        p.subs.push_back(std::move(b));
-    } else {
-        p.subs.push_back(p.batch);
-        p.row_offset = {0};
+    p.chunk = chunk > 0 ? chunk : 0;
+    std::vector<Batch> batches;
+    if (p.chunk > 0)
+        batches = make_chunks(requests, p.chunk);
+    else
+        batches.push_back(make_batch(requests, cfg.vocab_size));
+    if (batches.size() == 1) p.chunk = 0;  // one chunk is one pass
+    for (Batch& b : batches) {
+        ChunkPlan c;
+        c.stream_row0 = p.n_tokens;
+        const int64_t T = b.n_tokens();
+        p.n_tokens += T;
+        c.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && gpu_tbo_pays(cfg, T, cp));
+        if (T < 2) c.tbo = false;
+        if (c.tbo) {
+            auto [x, y] = split_in_two(b);
+            c.row_offset = {0, x.n_tokens()};
+            c.subs.push_back(std::move(x));
+            c.subs.push_back(std::move(y));
+        } else {
+            c.subs.push_back(b);
+            c.row_offset = {0};
+        }
+        c.batch = std::move(b);
+        p.chunks.push_back(std::move(c));
     }
     return p;
 }
@@ -37,15 +54,24 @@ int64_t max_packed_width(const ModelConfig& cfg) {
     return w;
 }
 
+int64_t carry_rows(const ModelConfig& cfg) {
+    return std::max<int64_t>(2 * int64_t{cfg.csa_ratio}, cfg.hca_ratio);
+}
+
 Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOptions& opt) {
     Dims d;
-    for (const Batch& b : plan.subs) {
-        const CpLayout l = make_layout(b, cp);
-        d.n_max = std::max(d.n_max, l.local());
-        d.p_max = std::max(d.p_max, l.padded);
+    for (const ChunkPlan& c : plan.chunks) {
+        for (size_t i = 0; i < c.subs.size(); ++i) {
+            const CpLayout l = make_layout(c.subs[i], cp);
+            d.sub_n[i] = std::max(d.sub_n[i], l.local());
+            d.sub_p[i] = std::max(d.sub_p[i], l.padded);
+            d.n_max = std::max(d.n_max, l.local());
+            d.p_max = std::max(d.p_max, l.padded);
+        }
+        d.T = std::max(d.T, c.batch.n_tokens());
     }
     d.w_max = max_packed_width(cfg);
-    d.T = plan.batch.n_tokens();
+    d.carry = plan.chunks.size() > 1 ? carry_rows(cfg) : 0;
     for (const auto& r : *plan.requests) d.max_len = std::max<int64_t>(d.max_len, r.size());
     d.n_wanted = opt.all_logits ? d.T : static_cast<int64_t>(plan.requests->size());
     d.logit_rows = std::clamp<int64_t>((int64_t{256} << 20) / (cfg.vocab_size * 4), 1, d.n_wanted);
@@ -77,11 +103,11 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     const Dims d = dims_of(cfg, plan, cp, opt);
     const int64_t D = cfg.d_model, hc = cfg.hc, Hd = int64_t{cfg.n_heads} * cfg.head_dim;
     const int64_t K = cfg.top_k, E = cfg.n_experts;
-    w.subs.resize(plan.subs.size());
-    for (size_t i = 0; i < plan.subs.size(); ++i) {
+    const size_t n_subs = plan.tbo() ? 2 : 1;
+    w.subs.resize(n_subs);
+    for (size_t i = 0; i < n_subs; ++i) {
         SubState& s = w.subs[i];
-        const CpLayout l = make_layout(plan.subs[i], cp);
-        const int64_t n = l.local(), P = l.padded;
+        const int64_t n = d.sub_n[i], P = d.sub_p[i];  // the largest over the chunks
         s.h = a.template take<float>(n * hc * D);
         s.post = a.template take<float>(n * hc);
         s.comb = a.template take<float>(n * hc * hc);
@@ -112,7 +138,11 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     w.comb_attn = a.template take<float>(n * hc * hc);
     w.mixes = a.template take<float>(n * (2 + hc) * hc);
     w.attn_out = a.template take<bf16>(n * D);
-    w.staging = a.template take<bf16>((d.T + cp) * d.w_max);
+    // The carried rows sit just before row 0 of the staging buffer.
+    w.staging = a.template take<bf16>((d.carry + d.T + cp) * d.w_max);
+    if (w.staging) w.staging += d.carry * d.w_max;
+    w.carry.assign(d.carry > 0 ? cfg.n_layers : 0, nullptr);
+    for (bf16*& c : w.carry) c = a.template take<bf16>(d.carry * d.w_max);
     GpuAttnScratch& s = w.attn;
     s.key = a.template take<bf16>(n * cfg.head_dim);
     s.cq = a.template take<bf16>(n * cfg.q_rank);

@@ -29,7 +29,8 @@ struct CountingArena {
 
 struct SubState {
     int index = 0;
-    int64_t row_offset = 0;
+    int64_t row_offset = 0;   // first row in the chunk
+    int64_t stream_row0 = 0;  // first row in the whole token stream (where records go)
     const Batch* batch = nullptr;
     CpLayout layout;
     Rows rows;      // host
@@ -46,10 +47,18 @@ struct SubState {
     GpuRouteScratch route;  // this sub-batch's MoE routing (router stream → compute stream)
 };
 
+// Sizes of one run: the largest over its chunks (T: tokens of the largest chunk; max_len: of the
+// longest request, which the KV store holds whole).
 struct Dims {
     int64_t n_max = 0, p_max = 0, w_max = 0, T = 0, max_len = 0, n_wanted = 0, logit_rows = 0;
     int64_t scores = 0;
+    int64_t sub_n[2] = {0, 0}, sub_p[2] = {0, 0};  // local and padded rows per sub-batch
+    int64_t carry = 0;  // packed rows carried from one chunk to the next (0: one chunk)
 };
+
+// Packed rows of a request the compressors may still need from the chunk before: a CSA window
+// pools its own ratio tokens and the ratio before it (overlap), an HCA window its own.
+int64_t carry_rows(const ModelConfig& cfg);
 
 int64_t max_packed_width(const ModelConfig& cfg);
 Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOptions& opt);
@@ -71,7 +80,9 @@ struct Workspace {
     float* comb_attn = nullptr;  // [n_max, hc, hc]
     float* mixes = nullptr;      // [n_max, (2 + hc) · hc] mHC mixing products
     bf16* attn_out = nullptr;    // [n_max, d_model]
-    bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the batch, global order
+    bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the chunk, global order,
+                                 // after Dims::carry rows that hold the chunk before's last rows
+    std::vector<bf16*> carry;    // per layer [carry, w_max]: the last rows of the chunk before
     GpuAttnScratch attn;
     GpuMoeScratch moe;
     ops::cuda::Fp8LinearScratch fp8;  // dense fp8 linears (WeightNeeds::dense_fp8)

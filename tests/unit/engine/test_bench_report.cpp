@@ -325,6 +325,20 @@ TEST(BenchReportJson, RoundTrip) {
     EXPECT_TRUE(j["rows"][3]["cp_speedup"].is_null());
 }
 
+// A chunked prefill's row says so in the tables and keeps its chunk through JSON; a report
+// written before GPU chunking (no "chunk") reads as one pass.
+TEST(BenchReportJson, ChunkedRowSaysItsChunk) {
+    BenchReport r = sample_report();
+    r.rows[1].chunk = 4096;
+    const std::string md = report_markdown(r);
+    EXPECT_NE(md.find("| 2 | off | bf16 | 8k in 4k chunks |"), std::string::npos) << md;
+    EXPECT_NE(md.find("| 1 | off | bf16 | 8k |"), std::string::npos) << md;
+    nlohmann::json j = report_to_json(r);
+    EXPECT_EQ(report_from_json(j).rows[1].chunk, 4096);
+    j["rows"][1].erase("chunk");
+    EXPECT_EQ(report_from_json(j).rows[1].chunk, 0);
+}
+
 TEST(BenchReportJson, RejectsWhatIsNotAReport) {
     EXPECT_THROW(report_from_json(nlohmann::json::array()), Error);
     nlohmann::json j = report_to_json(sample_report());
