@@ -54,14 +54,27 @@ std::set<int32_t> row_set(const Tensor& t, int64_t row) {
 
 // Per row of the token stream: whether both runs chose the same experts and (CSA) the same
 // indexer entries in every layer.
-std::vector<bool> same_choices(const PrefillOutput& a, const PrefillOutput& b, int64_t rows) {
+std::vector<bool> same_choices(const PrefillOutput& a, const PrefillOutput& b, int64_t rows,
+                               const std::string& what) {
     std::vector<bool> same(rows, true);
-    for (size_t li = 0; li < a.routes.size(); ++li)
+    for (size_t li = 0; li < a.routes.size(); ++li) {
+        int64_t routes = 0, entries = 0;
         for (int64_t t = 0; t < rows; ++t) {
-            if (row_set(a.routes[li], t) != row_set(b.routes[li], t)) same[t] = false;
-            if (a.topk[li].numel() > 0 && row_set(a.topk[li], t) != row_set(b.topk[li], t))
+            if (row_set(a.routes[li], t) != row_set(b.routes[li], t)) {
                 same[t] = false;
+                ++routes;
+            }
+            if (a.topk[li].ndim() == 2 && row_set(a.topk[li], t) != row_set(b.topk[li], t)) {
+                same[t] = false;
+                ++entries;
+            }
         }
+        if (routes + entries > 0)
+            std::printf(
+                "[ chunks ] %s layer %zu: %lld rows route otherwise, %lld select other "
+                "indexer entries\n",
+                what.c_str(), li, static_cast<long long>(routes), static_cast<long long>(entries));
+    }
     return same;
 }
 
@@ -97,7 +110,7 @@ void expect_equal_runs(const ChunkRun& chunked, const ChunkRun& one, const std::
     const PrefillOutput &c = chunked.out, &o = one.out;
     const int64_t T = o.n_tokens;
     ASSERT_EQ(c.n_tokens, T);
-    const std::vector<bool> same = same_choices(c, o, T);
+    const std::vector<bool> same = same_choices(c, o, T, what);
     int64_t row0 = 0;
     for (size_t r = 0; r < o.logits.size(); ++r) {
         const int64_t len = o.logits[r].dim(0), V = o.logits[r].dim(1);
@@ -202,10 +215,15 @@ TEST(GpuChunks, MatchHf) {
     }
 }
 
-// A small model with ≥ 16 indexer heads (docs: with 4 the top-k boundary is a tie).
+// A small model with ≥ 16 indexer heads (docs: with 4 the top-k boundary is a tie) whose
+// indexer keeps every entry of these prompts (712 per request): on random weights the scores of
+// ~700 entries lie so close that bf16 rounding alone moves the top 16 — measured on the H200, one
+// pass with TBO on against off picked other entries for 1370 of 5700 rows — so a top-k smaller
+// than the entries would test the weights' ties, not the chunks (the golden fixtures select).
 ModelConfig chunk_config() {
     ModelConfig cfg = preset_config("tiny");
     cfg.index_n_heads = 16;
+    cfg.index_topk = 1024;
     return cfg;
 }
 
@@ -243,6 +261,7 @@ TEST(GpuChunks, BatchOverTheWorkspaceRunsInChunks) {
     const ChunkRun autoc = run_chunked(g, req, 0, TboMode::Off, limit);
     EXPECT_EQ(autoc.out.chunk, 2048);
     expect_equal_runs(autoc, one, "automatic chunks");
+    expect_same_kv(autoc.out.kv, one.out.kv, cfg, "automatic chunks");
 
     try {
         run_chunked(g, req, 4096, TboMode::Off, limit);
@@ -263,6 +282,7 @@ TEST(GpuChunks, BatchOverTheWorkspaceRunsInChunks) {
     // The group still runs after the refusals.
     const ChunkRun after = run_chunked(g, req, 1000, TboMode::On);
     expect_equal_runs(after, one, "--chunk 1000 after the refusals");
+    expect_same_kv(after.out.kv, one.out.kv, cfg, "--chunk 1000");
 }
 
 }  // namespace
