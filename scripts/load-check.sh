@@ -52,19 +52,21 @@ PY
 done
 done
 done
-# LOAD_TTFT=N: an N-token prompt run 3 times in one process, cold (--no-warmup) and after the
-# 16-token warm-up: the first prefill of a process against the warm ones.
-if [ -n "${LOAD_TTFT:-}" ]; then
-    python3 -c "print(','.join(str(i * 7919 % 50000) for i in range(${LOAD_TTFT})))" >"$dir/ids.txt"
+# LOAD_TTFT="N …": an N-token prompt run 3 times in one process, cold (--no-warmup) and after the
+# warm-up (pseudo-random ids, up to 8192): the first prefill of a process against the warm ones.
+for n in ${LOAD_TTFT:-}; do
+    python3 -c "print(','.join(str(i * 7919 % 50000) for i in range($n)))" >"$dir/ids.txt"
     for wu in --no-warmup ""; do
         "$bin" run --model "$dir/m" --device cuda --input-ids-file "$dir/ids.txt" --repeat 3 $wu \
-            --json >"$out/ttft$wu.json" 2>"$out/ttft$wu.log" || { status=1; tail -3 "$out/ttft$wu.log"; continue; }
-        python3 - "$out/ttft$wu.json" "$wu" <<'PY'
+            --json >"$out/ttft-$n$wu.json" 2>"$out/ttft-$n$wu.log" || { status=1; tail -3 "$out/ttft-$n$wu.log"; continue; }
+        python3 - "$out/ttft-$n$wu.json" "$wu" "$n" <<'PY'
 import json, sys
-t = json.load(open(sys.argv[1]))["timings"]
-print(f"load-check: {sys.argv[2] or 'warm-up'}: warm-up {t['warmup_s'] * 1e3:.1f} ms, TTFT "
-      f"{t['ttft_s'] * 1e3:.1f} ms, then " + ", ".join(f"{x * 1e3:.1f}" for x in t["repeat_ttft_s"]) + " ms")
+j = json.load(open(sys.argv[1])); t = j["timings"]; g = j["gpu"]
+print(f"load-check: {sys.argv[3]} tokens, {sys.argv[2] or 'warm-up'}: warm-up "
+      f"{t['warmup_s'] * 1e3:.1f} ms, TTFT {t['ttft_s'] * 1e3:.1f} ms (GEMM plans made "
+      f"{g['gemm_plans_made']} in {g['gemm_plan_s'] * 1e3:.1f} ms, arena {g['arena_grow_s'] * 1e3:.1f} ms), "
+      "then " + ", ".join(f"{x * 1e3:.1f}" for x in t["repeat_ttft_s"]) + " ms")
 PY
     done
-fi
+done
 exit $status

@@ -39,6 +39,11 @@ kill -TERM "$pid"
 wait "$pid" || status=1
 grep -h "ready\|error" "$out/serve.log" | head -5
 head -c 400 "$out/serve-prefill-1.json"; echo
+python3 - "$out" <<'PY' || status=1
+import json, sys
+ms = [json.load(open(f"{sys.argv[1]}/serve-prefill-{i}.json"))["timings"]["prefill_ms"] for i in (1, 2, 3)]
+print("serve-check: prefill of the first request after the warm-up %.1f ms, then %.1f, %.1f ms" % tuple(ms))
+PY
 cat "$out/bench-serve.md"
 echo "serve-check: status $status"
 exit $status

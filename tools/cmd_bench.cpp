@@ -116,7 +116,11 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
         row.ttft_runs.push_back(st.seconds);
         row.tbo_used = st.tbo_used;
         row.chunk = st.chunk;
-        fmt::print(stderr, "bench: {}: run {}/{} {:.4f} s\n", what, i + 1, a.repeat, st.seconds);
+        fmt::print(stderr,
+                   "bench: {}: run {}/{} {:.4f} s ({} GEMM plans made in {:.1f} ms, arena "
+                   "grown in {:.1f} ms)\n",
+                   what, i + 1, a.repeat, st.seconds, st.gemm_plans, st.gemm_plan_seconds * 1e3,
+                   st.arena_seconds * 1e3);
     }
     GpuRunOptions timed = base;
     timed.phase_timing = true;

@@ -96,6 +96,9 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
         // zeros would read as measurements.
         const GpuGroup::WeightStats ws = engine.gpu_weight_stats();
         j["gpu"] = {{"peak_bytes_per_gpu", r.gpu.peak_bytes},
+                    {"gemm_plans_made", r.gpu.gemm_plans},
+                    {"gemm_plan_s", r.gpu.gemm_plan_seconds},
+                    {"arena_grow_s", r.gpu.arena_seconds},
                     {"weight_bytes_per_gpu", r.gpu.weight_bytes},
                     {"weights", gpu_weight_format_name(engine.gpu_weight_format())},
                     {"fp8_values", ws.fp8_values},
@@ -299,15 +302,14 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     opt.chunk = a.chunk;
     opt.fail_rank = a.inject_fault_rank;
     opt.keep_kv = !a.kv_out.empty();
-    // A short batch first (every rank, as the real one), so that TTFT does not include the thread
-    // pools' start, first-touch page faults or the GPU libraries' lazy set-up.
+    // A warm-up batch first (every rank, as the real one; PrefillEngine::warm_up), so that TTFT
+    // does not include the thread pools' start, first-touch page faults or the GPU's first-use
+    // costs (GEMM plans, kernels, the arena).
     double warmup_s = 0;
     if (!a.no_warmup) {
-        RunOptions w;
-        w.tbo = opt.tbo;
-        std::vector<int32_t> ids;
-        for (int32_t i = 0; i < 16; ++i) ids.push_back(i % engine.config().vocab_size);
-        warmup_s = engine.run({ids}, w).prefill_seconds;
+        int64_t total = 0;
+        for (const auto& r : requests) total += static_cast<int64_t>(r.size());
+        warmup_s = engine.warm_up(total, opt.tbo);
     }
     RunResult r = engine.run(requests, opt);
     // --repeat: the same batch again (every rank), each TTFT kept; outputs come from the first.
@@ -387,8 +389,10 @@ Runner add_run_command(CLI::App& app) {
                   "first run's)")
         ->check(CLI::Range(1, 1000))
         ->capture_default_str();
-    c->add_flag("--no-warmup", args->no_warmup,
-                "time the first batch cold (default: a 16-token warm-up batch runs first)");
+    c->add_flag(
+        "--no-warmup", args->no_warmup,
+        "time the first batch cold (default: a warm-up batch of the batch's first tokens runs "
+        "first: 16 on cpu, up to 8192 on cuda)");
     c->add_flag("--json", args->json, "print one JSON object instead of text (docs/cli.md)");
     return [args] { return run(*args); };
 }

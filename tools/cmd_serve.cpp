@@ -152,15 +152,11 @@ serve::ServerOptions server_options(const ServeArgs& a, const ModelConfig& cfg,
     return o;
 }
 
-// A short batch through the whole model, so that the first request does not pay for the thread
-// pools' start, first-touch page faults or the GPU libraries' lazy set-up.
+// Batches through the whole model (PrefillEngine::warm_up: on GPUs up to 8192 tokens, at most the
+// batch budget, then quarters of it down to 16), so that the first request of any size does not
+// pay for the thread pools' start, first-touch page faults or the GPU's first-use costs.
 double warm_up(PrefillEngine& engine, const serve::ServerOptions& o) {
-    const int64_t n = std::min<int64_t>(16, o.scheduler.max_batch_tokens);
-    std::vector<int32_t> ids;
-    for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(i % o.cfg.vocab_size));
-    RunOptions ro;
-    ro.tbo = o.scheduler.tbo;
-    return engine.run({ids}, ro).prefill_seconds;
+    return engine.warm_up(o.scheduler.max_batch_tokens, o.scheduler.tbo, true);
 }
 
 int serve_main(const ServeArgs& a) {

@@ -199,6 +199,26 @@ PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& re
     return gpu_->run(requests, g, stats);
 }
 
+double PrefillEngine::warm_up(int64_t budget, TboMode tbo, bool all_sizes) {
+    const int64_t first =
+        std::max<int64_t>(1, std::min<int64_t>(budget, options_.cuda ? kGpuWarmupTokens : 16));
+    double seconds = 0;
+    for (int64_t n = first;; n /= 4) {
+        // Ids from a fixed LCG, spread over the vocabulary as text is.
+        std::vector<int32_t> ids;
+        uint64_t x = 0x9E3779B97F4A7C15ull;
+        while (static_cast<int64_t>(ids.size()) < n) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            ids.push_back(static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(cfg_.vocab_size)));
+        }
+        RunOptions w;
+        w.tbo = tbo;
+        seconds += run({ids}, w).prefill_seconds;
+        if (!all_sizes || !options_.cuda || n / 4 < 16) break;
+    }
+    return seconds;
+}
+
 GpuGroup::WeightStats PrefillEngine::gpu_weight_stats() const {
     return gpu_ ? gpu_->weight_stats() : GpuGroup::WeightStats{};
 }

@@ -66,6 +66,16 @@ class PrefillEngine {
     double gpu_setup_seconds() const { return gpu_setup_seconds_; }  // part of load_seconds
     // Validates the requests (non-empty, ids < vocab) and runs the prefill.
     RunResult run(const std::vector<std::vector<int32_t>>& requests, const RunOptions& opt);
+    // One untimed batch through the whole model, so that the first real one is warm (docs/cli.md
+    // "Warm-up"): one request of pseudo-random ids (not the batch to come), at most `budget` of
+    // them. On GPUs up to kGpuWarmupTokens — the GEMM plans, the kernels that the larger shapes
+    // pick and the workspace arena are then made before the real batch — on CPUs 16 (thread
+    // pools, first-touch page faults). Returns its seconds.
+    // all_sizes (a server, whose requests come in every size, and each size class of a GEMM
+    // picks its own plan and kernel): on GPUs further batches of a quarter of the one before,
+    // down to 16 tokens.
+    static constexpr int64_t kGpuWarmupTokens = 8192;
+    double warm_up(int64_t budget, TboMode tbo, bool all_sizes = false);
 
   private:
     // cuda: creates the GPU group and loads it part by part (LoadOptions::part).

@@ -87,6 +87,12 @@ struct GpuStats {
     bool tbo_used = false;
     int64_t chunk = 0;  // tokens per chunk the run used (0: one pass)
     int64_t n_tokens = 0;
+    // What a cold run pays that a warm one does not: GEMM plans made during the run (all local
+    // ranks; ops/cuda/gemm.h gemm_plan_stats) with their host seconds, and rank 0's seconds
+    // growing its workspace arena (0 when the arena from an earlier run was large enough).
+    int64_t gemm_plans = 0;
+    double gemm_plan_seconds = 0;
+    double arena_seconds = 0;
 };
 
 // What one GPU needs for a prefill of `n_tokens` (one batch, in chunks of `chunk` tokens when

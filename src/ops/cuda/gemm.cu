@@ -1,4 +1,6 @@
 // gemm_bf16: row-major y = x·wᵀ is column-major yᵀ[out, n] = op_T(w)[out, in] · xᵀ[in, n].
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 
 #include "ops/cuda/gemm.h"
@@ -6,18 +8,26 @@
 
 namespace cpfill::ops::cuda {
 
-GemmContext::GemmContext() {
+GemmContext::GemmContext() : plans_(std::make_shared<PlanCache>()) {
     CPFILL_CUBLAS_CHECK(cublasLtCreate(&handle_));
     CPFILL_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
-GemmContext::~GemmContext() {
-    for (auto& [key, p] : plans_) {
+GemmContext::GemmContext(GemmContext& other) : plans_(other.plans_) {
+    CPFILL_CUBLAS_CHECK(cublasLtCreate(&handle_));
+    CPFILL_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+}
+
+GemmContext::PlanCache::~PlanCache() {
+    for (auto& [key, p] : map) {
         cublasLtMatrixLayoutDestroy(p.la);
         cublasLtMatrixLayoutDestroy(p.lb);
         cublasLtMatrixLayoutDestroy(p.lc);
         cublasLtMatmulDescDestroy(p.desc);
     }
+}
+
+GemmContext::~GemmContext() {
     if (workspace_) cudaFree(workspace_);
     if (handle_) cublasLtDestroy(handle_);
 }
@@ -93,6 +103,8 @@ int64_t plan_rows(int64_t n) {
     return (n + step - 1) / step * step;
 }
 
+std::atomic<int64_t> g_plans_made{0}, g_plan_ns{0};  // gemm_plan_stats
+
 // y (fp32 or bf16) = x·wᵀ with x, w both fp32, both bf16 or both e4m3 (block-scaled by w_scale /
 // x_scale); see gemm_bf16 and gemm_fp8.
 void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t in, const void* w,
@@ -105,6 +117,7 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
     const bool fp8 = kind == kFp8Tile || kind == kFp8Row;
     auto it = ctx.plans().find(key);
     if (it == ctx.plans().end()) {
+        const auto t0 = std::chrono::steady_clock::now();
         const cudaDataType_t out_type = y_f32 ? CUDA_R_32F : CUDA_R_16BF;
         const cudaDataType_t in_type = kind == kF32 ? CUDA_R_32F
                                        : fp8        ? CUDA_R_8F_E4M3
@@ -137,6 +150,11 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
         const cublasLtMatmulAlgo_t algo =
             pick_algo(ctx, d.desc, d.la, d.lb, d.lc, n, in, out, align);
         it = ctx.plans().emplace(key, d.release(algo, n)).first;
+        g_plans_made.fetch_add(1, std::memory_order_relaxed);
+        g_plan_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - t0)
+                                .count(),
+                            std::memory_order_relaxed);
     }
     GemmContext::Plan& p = it->second;
     if (p.n != n) {  // another row count of the plan's class
@@ -209,6 +227,11 @@ void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in
                  const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
                  bool accumulate, cudaStream_t stream) {
     gemm_bf16(ctx, x, in, n, in, w, out, y_bf16, y_f32, out, accumulate, stream);
+}
+
+GemmPlanStats gemm_plan_stats() {
+    return {g_plans_made.load(std::memory_order_relaxed),
+            g_plan_ns.load(std::memory_order_relaxed) * 1e-9};
 }
 
 }  // namespace cpfill::ops::cuda

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "ops/fp8_blocks.h"
@@ -18,6 +19,10 @@ namespace cpfill::ops::cuda {
 class GemmContext {
   public:
     GemmContext();
+    // A context of its own (handle, workspace: one per stream) whose plans are `other`'s: a
+    // rank's contexts make each plan once instead of once per stream. Contexts sharing plans
+    // must be driven from one host thread (a plan's layouts change with the row count).
+    explicit GemmContext(GemmContext& other);
     ~GemmContext();
     GemmContext(const GemmContext&) = delete;
     GemmContext& operator=(const GemmContext&) = delete;
@@ -37,10 +42,14 @@ class GemmContext {
         cublasLtMatmulAlgo_t algo{};
         int64_t n = 0;  // the row count lb / lc are set to
     };
-    std::map<Key, Plan>& plans() { return plans_; }
+    std::map<Key, Plan>& plans() { return plans_->map; }
 
   private:
-    std::map<Key, Plan> plans_;
+    struct PlanCache {
+        std::map<Key, Plan> map;
+        ~PlanCache();  // destroys the descriptors
+    };
+    std::shared_ptr<PlanCache> plans_;
     cublasLtHandle_t handle_ = nullptr;
     void* workspace_ = nullptr;
     size_t workspace_bytes_ = 32u << 20;
@@ -71,5 +80,13 @@ void gemm_fp8(GemmContext& ctx, const void* xq, const float* x_scale, int64_t n,
 void linear_bf16(GemmContext& ctx, const __nv_bfloat16* x, int64_t n, int64_t in,
                  const __nv_bfloat16* w, int64_t out, __nv_bfloat16* y_bf16, float* y_f32,
                  bool accumulate, cudaStream_t stream);
+
+// Plans made so far in this process (every GemmContext) and the host seconds spent making them
+// (descriptors and cuBLASLt's heuristic): what a cold prefill pays that a warm one does not.
+struct GemmPlanStats {
+    int64_t made = 0;
+    double seconds = 0;
+};
+GemmPlanStats gemm_plan_stats();
 
 }  // namespace cpfill::ops::cuda

@@ -176,11 +176,12 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
     try {
         g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
             RankDevice& r = *g.ranks[i];
+            // One plan cache for the rank's GEMM contexts (the expert streams' too).
+            r.gemm = std::make_unique<ops::cuda::GemmContext>();
+            r.gemm_route = std::make_unique<ops::cuda::GemmContext>(*r.gemm);
             r.init_streams();
             r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
             r.overlap = r.cp_comm->dup();
-            r.gemm = std::make_unique<ops::cuda::GemmContext>();
-            r.gemm_route = std::make_unique<ops::cuda::GemmContext>();
         });
     } catch (...) {
         if (g.abandoned) (void)impl_.release();  // a rank thread still uses it
@@ -482,6 +483,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     if (opt.record_kv && has_rank0)
         out.kv.assign(requests.size(), std::vector<LayerKv>(cfg.n_layers));
     GpuStats st;
+    const ops::cuda::GemmPlanStats plans0 = ops::cuda::gemm_plan_stats();
     const auto t0 = std::chrono::steady_clock::now();
     g.on_ranks([&](size_t i, const cuda::AbortFlag& flag) {
         RankDevice& r = *g.ranks[i];
@@ -490,6 +492,9 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                        zero ? &st : nullptr);
     });
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const ops::cuda::GemmPlanStats plans1 = ops::cuda::gemm_plan_stats();
+    st.gemm_plans = plans1.made - plans0.made;
+    st.gemm_plan_seconds = plans1.seconds - plans0.seconds;
     st.tbo_used = plan.tbo();
     st.chunk = plan.chunk;
     st.n_tokens = plan.n_tokens;

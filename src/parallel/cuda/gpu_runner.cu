@@ -2,6 +2,7 @@
 // collectives, the head and the records of one GPU rank.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -37,7 +38,8 @@ void RankDevice::use_experts(int streams, bool grouped_gemm, int n_experts) {
     CPFILL_CHECK(streams >= 1 && streams <= kMaxExpertStreams,
                  "expert streams: {}, expected 1 to {}", streams, kMaxExpertStreams);
     while (static_cast<int>(expert_gemms.size()) < streams) {
-        expert_gemms.push_back(std::make_unique<ops::cuda::GemmContext>());
+        expert_gemms.push_back(gemm ? std::make_unique<ops::cuda::GemmContext>(*gemm)
+                                    : std::make_unique<ops::cuda::GemmContext>());
         experts.gemm[expert_gemms.size() - 1] = expert_gemms.back().get();
     }
     experts.count = streams;
@@ -126,6 +128,7 @@ class Runner {
     Workspace ws_;
     std::array<std::array<CudaEvent, 2>, kSlots> ready_, done_;  // per (slot, sub-batch)
     std::array<CudaEvent, 2> mark_, routed_;  // per sub-batch: compute point, routing done
+    double arena_seconds_ = 0;                // growing the arena (GpuStats::arena_seconds)
 };
 
 void Runner::setup() {
@@ -133,10 +136,13 @@ void Runner::setup() {
     const WeightNeeds needs = needs_of(W_);
     const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_, needs);
     if (!dev_.arena || dev_.arena->capacity() < need) {
+        const auto t0 = std::chrono::steady_clock::now();
         dev_.arena.reset();
         dev_.arena = std::make_unique<Arena>(need);
         // Zeroed once, so that a timing-only run without collectives never reads garbage.
         CPFILL_CUDA_CHECK(cudaMemsetAsync(dev_.arena->base(), 0, need, dev_.compute));
+        arena_seconds_ =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     dev_.arena->reset();
     carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_, needs);
@@ -505,6 +511,7 @@ void Runner::run(GpuStats* stats) {
     wait_stream(dev_.comm, *ctx_.flag, ctx_.deadline, "the comm stream");
     wait_stream(dev_.route, *ctx_.flag, ctx_.deadline, "the router stream");
     if (opt_.record_kv && out_) download_kv();
+    if (stats) stats->arena_seconds = arena_seconds_;
     if (stats && timer_.enabled()) {
         const std::vector<double> p = timer_.phase_seconds();
         stats->phases.attention = p[static_cast<int>(Phase::Attention)];

@@ -39,7 +39,9 @@ struct RankDevice {
     GpuExpertStreams experts;  // the routed experts' streams (init_streams)
     std::vector<std::unique_ptr<ops::cuda::GemmContext>> expert_gemms;
     std::unique_ptr<ops::cuda::GroupedGemm> grouped;  // the grouped expert GEMMs, when asked for
-    void init_streams();                              // on the rank's thread, its device current
+    // On the rank's thread, its device current, after `gemm` exists (the expert streams'
+    // contexts share its plans).
+    void init_streams();
     // Points `experts` at `streams` expert streams and (grouped) the grouped GEMMs, creating the
     // cuBLAS contexts a run asks for beyond those init_streams made (the default count).
     void use_experts(int streams, bool grouped_gemm, int n_experts);
