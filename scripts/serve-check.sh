@@ -2,7 +2,9 @@
 # cpfill serve on a GPU machine, after scripts/gpu-check.sh built build-gpu: a generated model in
 # the release's formats (upstream names, fp8 linears, fp4 experts; SERVE_PRESET, default tiny),
 # `serve --device cuda` on an ephemeral port, the first request's TTFT against warm ones, and
-# `bench-serve` at 1 and 8 clients. Logs and results under $OUT (or ./gpu-out).
+# `bench-serve` at 1 and 8 clients (SERVE_LENGTHS, default 200,1k). SERVE_LONG=N adds one request
+# of N tokens, over the default 8192-token batch budget, which the server runs in chunks. Logs and
+# results under $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
@@ -32,8 +34,20 @@ for i in 1 2 3; do  # the first request after the warm-up, then warm ones
     curl -s -X POST "$url/v1/prefill" -d "{\"input_ids\": [[${ids}]], \"top_logprobs\": 3}" \
         >"$out/serve-prefill-$i.json" || status=1
 done
+if [ -n "${SERVE_LONG:-}" ]; then
+    python3 -c "import random; random.seed(2); print('{\"input_ids\": [[' + ','.join(str(random.randrange(500)) for _ in range(${SERVE_LONG})) + ']]}')" >"$out/serve-long-request.json"
+    code=$(curl -s -o "$out/serve-long.json" -w '%{http_code}' -X POST "$url/v1/prefill" \
+        --data-binary @"$out/serve-long-request.json")
+    [ "$code" = 200 ] || status=1
+    python3 - "$out/serve-long.json" "$code" "$SERVE_LONG" <<'PY' || status=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(f"serve-check: a {sys.argv[3]}-token request: HTTP {sys.argv[2]}, prefill "
+      f"{j['timings']['prefill_ms']:.1f} ms, first token {j['requests'][0]['first_token']}")
+PY
+fi
 curl -s "$url/metrics" >"$out/serve-metrics.txt" || status=1
-"$bin" bench-serve --url "$url" --concurrency 1,8 --lengths 200,1k --requests 32 \
+"$bin" bench-serve --url "$url" --concurrency 1,8 --lengths "${SERVE_LENGTHS:-200,1k}" --requests 32 \
     --json "$out/bench-serve.json" >"$out/bench-serve.md" 2>"$out/bench-serve.log" || status=1
 kill -TERM "$pid"
 wait "$pid" || status=1

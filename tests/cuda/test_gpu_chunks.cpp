@@ -168,6 +168,26 @@ void expect_same_kv(const KvStore& c, const KvStore& o, const ModelConfig& cfg,
         }
 }
 
+// Chunks bound the activations, not the KV store: a chunked plan needs less than one pass, less
+// for smaller chunks, and still grows with the prompt.
+TEST(GpuChunks, ShrinkTheWorkspaceButNotTheKvStore) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const ModelConfig cfg = preset_config("flash-slice");
+    const auto ws = [&](int64_t tokens, int64_t chunk) {
+        return plan_gpu_memory(cfg, tokens, 1, 1, false, false, GpuWeightFormat::Bf16, chunk)
+            .workspace;
+    };
+    const size_t one = ws(65536, 0), c16 = ws(65536, 16384), c4 = ws(65536, 4096);
+    EXPECT_LT(c16, one);
+    EXPECT_LT(c4, c16);
+    // The per-token KV store (window keys of every position, entries, indexer keys) of a longer
+    // prompt in the same chunks: at least head_dim bf16 per token and layer more.
+    const size_t longer = ws(131072, 4096);
+    EXPECT_GE(longer - c4, size_t(65536) * cfg.n_layers * cfg.head_dim * 2);
+    // And one chunk as large as the prompt is one pass.
+    EXPECT_EQ(ws(65536, 65536), one);
+}
+
 // Chunk sizes that cut HCA windows (128) and CSA windows (4) anywhere, down to one token, with
 // and without two-batch overlap inside each chunk.
 TEST(GpuChunks, EqualOnePassOnEveryRow) {
