@@ -307,9 +307,11 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     // costs (GEMM plans, kernels, the arena).
     double warmup_s = 0;
     if (!a.no_warmup) {
-        int64_t total = 0;
-        for (const auto& r : requests) total += static_cast<int64_t>(r.size());
-        warmup_s = engine.warm_up(total, opt.tbo);
+        // At most the batch, and at most one --chunk (memory may allow no more).
+        int64_t budget = 0;
+        for (const auto& r : requests) budget += static_cast<int64_t>(r.size());
+        if (a.chunk > 0) budget = std::min(budget, a.chunk);
+        warmup_s = engine.warm_up(budget, opt.tbo);
     }
     RunResult r = engine.run(requests, opt);
     // --repeat: the same batch again (every rank), each TTFT kept; outputs come from the first.

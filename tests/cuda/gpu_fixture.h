@@ -16,6 +16,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/weights.h"
+#include "parallel/gpu_prefill.h"
 
 namespace cpfill::gpu_test {
 
@@ -83,6 +84,13 @@ inline int32_t last_argmax(const Tensor& logits) {
     const int64_t V = logits.dim(logits.ndim() - 1);
     const int64_t rows = logits.numel() / V;
     return argmax(logits.f32() + (rows - 1) * V, V);
+}
+
+// Uploads the fixture's rank weights (load_fixture's cp) to the group.
+inline void upload(GpuGroup& g, Fixture& f) {
+    std::vector<const ModelWeights*> views;
+    for (auto& w : f.ranks) views.push_back(&w);
+    g.load(views);
 }
 
 }  // namespace cpfill::gpu_test

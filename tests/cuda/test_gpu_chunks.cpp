@@ -196,9 +196,7 @@ TEST(GpuChunks, EqualOnePassOnEveryRow) {
         Fixture f = load_fixture(dir, 1);
         GpuGroupOptions go;
         GpuGroup g(go);
-        std::vector<const ModelWeights*> views;
-        for (auto& w : f.ranks) views.push_back(&w);
-        g.load(views);
+        upload(g, f);
         const ChunkRun one = run_chunked(g, f.requests, 0, TboMode::Off);
         EXPECT_EQ(one.out.chunk, 0);
         for (int64_t chunk : {200, 130, 37, 5, 1})
@@ -222,9 +220,7 @@ TEST(GpuChunks, MatchHf) {
         Fixture f = load_fixture(dir, 1);
         GpuGroupOptions go;
         GpuGroup g(go);
-        std::vector<const ModelWeights*> views;
-        for (auto& w : f.ranks) views.push_back(&w);
-        g.load(views);
+        upload(g, f);
         const ChunkRun c = run_chunked(g, f.requests, 64, TboMode::On);
         for (size_t r = 0; r < f.requests.size(); ++r) {
             const std::string sfx = f.suffix(static_cast<int>(r));

@@ -41,9 +41,7 @@ PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool groupe
     GpuGroupOptions go;
     go.cp = cp;
     GpuGroup g(go);
-    std::vector<const ModelWeights*> views;
-    for (auto& w : f.ranks) views.push_back(&w);
-    g.load(views);
+    upload(g, f);
     GpuRunOptions o;
     o.tbo = tbo;
     o.all_logits = true;
