@@ -28,7 +28,8 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>&, const GpuR
                             GpuStats*) {
     no_cuda();
 }
-GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool, GpuWeightFormat) {
+GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool, GpuWeightFormat,
+                              int64_t) {
     no_cuda();
 }
 GpuCeilings measure_gpu_ceilings() { no_cuda(); }
