@@ -1,15 +1,20 @@
 // fp8 against bf16 GEMMs through cuBLASLt at DeepSeek-V4 shapes: TFLOP/s of gemm_bf16, gemm_fp8
 // with 128×128 weight tiles (the dense linears as shipped) and with 1×128 weight blocks (the
 // experts re-encoded from fp4), and the rate of the activation quantisation (GB/s of bf16 read).
-// Usage: fp8_gemm_bench [--reps N]. Prints a Markdown table; docs/performance-notes.md keeps it.
+// Then the routed experts of one layer at 64k tokens (E experts of R rows each): the grouped fp8
+// kernel (ops/cuda/grouped_fp8.h, one launch) against a cuBLASLt GEMM per expert on one stream.
+// Usage: fp8_gemm_bench [--reps N] [--experts E] [--rows R]. Prints Markdown tables;
+// docs/performance-notes.md keeps them.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <tuple>
 #include <vector>
 
 #include "ops/cuda/fp8.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/grouped_fp8.h"
 #include "runtime/cuda/buffer.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/time_ms.h"
@@ -25,12 +30,75 @@ struct Shape {
     const char* what;
 };
 
+// Gate_up (out 2 · 2048, in 4096) and down (out 4096, in 2048) of V4-Flash's experts, E experts of
+// `rows` rows each.
+void grouped_experts(int E, int64_t rows, int reps) {
+    fmt::print(
+        "\n| experts × rows | GEMM (out × in) | grouped fp8 TFLOP/s | per-expert cuBLASLt fp8 |\n");
+    fmt::print("|---|---|---:|---:|\n");
+    oc::GemmContext ctx;
+    for (const auto& [n, k, what] : {std::tuple{int64_t{4096}, int64_t{4096}, "gate_up"},
+                                     std::tuple{int64_t{4096}, int64_t{2048}, "down"}}) {
+        const int64_t total = E * rows;
+        cuda::DeviceBuffer xq(total * k), xs(total * (k / 128) * 4), y(total * n * 2);
+        cuda::DeviceBuffer wq(E * n * k);
+        const int64_t spm = oc::fp8_weight_scales(n, k, oc::Fp8Blocks::Tile128);
+        cuda::DeviceBuffer ws(E * spm * 4);
+        std::vector<int32_t> pfirst(E + 1);
+        for (int e = 0; e <= E; ++e) pfirst[e] = static_cast<int32_t>(e * rows);
+        cuda::DeviceBuffer dpf(pfirst.size() * 4);
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(dpf.as<void>(), pfirst.data(), pfirst.size() * 4, cudaMemcpyHostToDevice));
+        CPFILL_CUDA_CHECK(cudaMemset(xq.as<void>(), 0x38, xq.bytes()));  // e4m3 1.0
+        CPFILL_CUDA_CHECK(cudaMemset(wq.as<void>(), 0x38, wq.bytes()));
+        const std::vector<float> ones(std::max(total * (k / 128), E * spm), 1.0f / 64);
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(xs.as<void>(), ones.data(), xs.bytes(), cudaMemcpyHostToDevice));
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(ws.as<void>(), ones.data(), ws.bytes(), cudaMemcpyHostToDevice));
+        oc::GroupedFp8Gemm g;
+        g.x = xq.as<void>();
+        g.xs = xs.as<float>();
+        g.n_pad = total;
+        g.pfirst = dpf.as<int32_t>();
+        g.n_experts = E;
+        g.w = wq.as<void>();
+        g.ws = ws.as<float>();
+        g.ws_per_expert = spm;
+        g.in = k;
+        g.out = n;
+        g.y = y.as<__nv_bfloat16>();
+        const double flop = 2.0 * total * n * k;
+        std::string grouped = "not this GPU";
+        if (oc::grouped_fp8_supported())
+            grouped = fmt::format(
+                "{:.0f}", flop / time_ms([&] { oc::grouped_gemm_fp8(g, nullptr); }, reps) / 1e9);
+        const double per = time_ms(
+            [&] {
+                for (int e = 0; e < E; ++e)
+                    oc::gemm_fp8(ctx, xq.as<uint8_t>() + e * rows * k,
+                                 xs.as<float>() + e * rows * (k / 128), rows, k,
+                                 wq.as<uint8_t>() + e * n * k, ws.as<float>() + e * spm,
+                                 oc::Fp8Blocks::Tile128, n, y.as<__nv_bfloat16>() + e * rows * n,
+                                 nullptr, n, nullptr);
+            },
+            reps);
+        fmt::print("| {} × {} | {} ({} × {}) | {} | {:.0f} |\n", E, rows, what, n, k, grouped,
+                   flop / per / 1e9);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app("fp8 vs bf16 GEMMs at V4 shapes");
-    int reps = 20;
+    int reps = 20, experts = 256;
+    int64_t rows = 1536;
     app.add_option("--reps", reps, "timed launches per case")->check(CLI::Range(1, 1000));
+    app.add_option("--experts", experts, "routed experts of the grouped case")
+        ->check(CLI::Range(1, 1024));
+    app.add_option("--rows", rows, "rows per expert of the grouped case (a multiple of 4)")
+        ->check(CLI::Range(4, 1 << 20));
     CLI11_PARSE(app, argc, argv);
     try {
         const std::vector<Shape> shapes = {{8192, 8192, 8192, "square"},
@@ -94,6 +162,7 @@ int main(int argc, char** argv) {
             fmt::print("| {}×{}×{} | {} | {:.0f} | {} | {} | {:.0f} |\n", s.m, s.n, s.k, s.what,
                        flop / bf / 1e9, tile, row, s.m * s.k * 2.0 / q / 1e6);
         }
+        grouped_experts(experts, rows / 4 * 4, reps);
     } catch (const std::exception& e) {
         fmt::print(stderr, "error: {}\n", e.what());
         return 1;

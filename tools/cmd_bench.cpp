@@ -41,7 +41,7 @@ struct BenchArgs {
     bool no_ceilings = false;
     int64_t chunk = 0;  // --chunk: tokens per chunk (0: one pass, chunks where it does not fit)
     int expert_streams = GpuRunOptions{}.expert_streams;
-    std::string expert_gemm = GpuRunOptions{}.grouped_experts ? "grouped" : "streams";
+    std::string expert_gemm = "auto";
 };
 
 TboMode tbo_mode(const std::string& s) {
@@ -101,7 +101,9 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     base.tbo = tbo_mode(row.tbo);
     base.chunk = a.chunk;
     base.expert_streams = a.expert_streams;
-    base.grouped_experts = a.expert_gemm == "grouped";
+    base.expert_gemm = a.expert_gemm == "grouped"   ? ExpertGemm::Grouped
+                       : a.expert_gemm == "streams" ? ExpertGemm::Streams
+                                                    : ExpertGemm::Auto;
     auto once = [&](const GpuRunOptions& opt) {
         GpuStats st;
         g.run(requests, opt, &st);
@@ -269,8 +271,9 @@ Runner add_bench_command(CLI::App& app) {
                 "skip the runs without communication (exposed communication)");
     c->add_flag("--no-ceilings", args->no_ceilings, "skip measuring GEMM/HBM/all-gather ceilings");
     c->add_option("--expert-gemm", args->expert_gemm,
-                  "routed experts: grouped (two grouped GEMMs) or streams (a GEMM pair per expert)")
-        ->check(CLI::IsMember({"grouped", "streams"}))
+                  "routed experts: grouped (one launch per GEMM for all experts), streams (a GEMM "
+                  "pair per expert) or auto (the faster as measured: docs/fp8.md)")
+        ->check(CLI::IsMember({"auto", "grouped", "streams"}))
         ->capture_default_str();
     c->add_option("--expert-streams", args->expert_streams,
                   "with --expert-gemm streams: CUDA streams the GEMM pairs are spread over")

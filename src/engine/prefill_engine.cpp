@@ -193,6 +193,7 @@ PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& re
     g.phase_timing = opt.phase_timing;
     g.fail_rank = opt.fail_rank;
     g.record_kv = opt.keep_kv;
+    g.expert_gemm = opt.expert_gemm;
     const std::vector<int>& local = options_.gpu.local_ranks;
     if (local.empty() || std::find(local.begin(), local.end(), 0) != local.end())
         check_gpu_host_logits(cfg_, requests, opt.all_logits);  // rank 0 holds them

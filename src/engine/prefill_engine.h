@@ -36,6 +36,7 @@ struct RunOptions {
     int fail_rank = -1;         // cuda, tests: GpuRunOptions::fail_rank
     bool keep_kv = false;       // cuda: download the KV state into RunResult::out.kv (the CPU
                                 // backend always keeps it)
+    ExpertGemm expert_gemm = ExpertGemm::Auto;  // cuda: GpuRunOptions::expert_gemm
 };
 
 struct RunResult {

@@ -38,6 +38,16 @@ struct GpuGroupOptions {
     GpuWeightFormat weights = GpuWeightFormat::Bf16;
 };
 
+// The routed experts' GEMMs (docs/fp8.md, "The grouped fp8 expert GEMM"):
+// * Streams: a cuBLASLt GEMM pair per expert, spread over `expert_streams` CUDA streams;
+// * Grouped: one launch per GEMM for all experts of a sub-batch — fp8 experts with 128×128 weight
+//   tiles through cpfill's own kernel (ops/cuda/grouped_fp8.h, compute capability 9.0), bf16
+//   experts through cublasGemmGroupedBatchedEx (half the rate of Streams on the H200 with CUDA
+//   13's cuBLAS: 345 vs 748 TFLOP/s at V4-Flash's shapes; kept for comparison); experts it cannot
+//   take (fp8 with (row, 128) scales, another GPU) use Streams;
+// * Auto: the faster as measured on the H200 (docs/fp8.md): today Streams for both.
+enum class ExpertGemm { Auto, Streams, Grouped };
+
 struct GpuRunOptions {
     TboMode tbo = TboMode::Off;
     // > 0: the token stream in chunks of this many tokens through the KV store (as the CPU
@@ -56,12 +66,8 @@ struct GpuRunOptions {
     // Tests: each GPU counts as having at most this many bytes for the workspace (0: what it
     // has), so that a small batch meets the out-of-memory paths (automatic chunking, errors).
     size_t workspace_limit = 0;
-    // Routed experts: a GEMM pair per expert spread over `expert_streams` CUDA streams (1–8), or
-    // two grouped GEMMs per sub-batch (cublasGemmGroupedBatchedEx). Measured on the H200 with
-    // CUDA 13's cuBLAS, the grouped call runs at half the rate (345 vs 748 TFLOP/s at V4-Flash's
-    // expert shapes; TTFT 458 → 602 ms at 64k): kept as an option for comparison, off.
-    bool grouped_experts = false;
-    int expert_streams = 4;
+    ExpertGemm expert_gemm = ExpertGemm::Auto;
+    int expert_streams = 4;  // ExpertGemm::Streams: CUDA streams the GEMM pairs go over (1–8)
 };
 
 // Seconds on rank 0's GPU, from CUDA events. Phases partition the layer loop's compute stream:
@@ -93,6 +99,7 @@ struct GpuStats {
     int64_t gemm_plans = 0;
     double gemm_plan_seconds = 0;
     double arena_seconds = 0;
+    int grouped_fp8_layers = 0;  // layers whose routed experts ran the grouped fp8 kernel
 };
 
 // What one GPU needs for a prefill of `n_tokens` (one batch, in chunks of `chunk` tokens when

@@ -22,6 +22,7 @@
 #include "io/presets.h"
 #include "io/random_checkpoint.h"
 #include "model/weight_bytes.h"
+#include "ops/cuda/grouped_fp8.h"
 
 namespace cpfill {
 namespace {
@@ -58,7 +59,8 @@ std::vector<std::vector<int32_t>> requests() {
     return r;
 }
 
-RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off) {
+RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
+              ExpertGemm experts = ExpertGemm::Auto) {
     EngineOptions eo;
     eo.threads = 2;
     eo.cuda = device_weights != "cpu";
@@ -68,6 +70,7 @@ RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off) {
     o.all_logits = true;
     o.record_topk = true;  // the indexer's selections and the router's choices
     o.tbo = tbo;
+    o.expert_gemm = experts;
     return engine.run(requests(), o);
 }
 
@@ -269,6 +272,39 @@ TEST(GpuFp8Prefill, TboOnEqualsOff) {
     EXPECT_LE(a.err.frob, 2e-2);
     EXPECT_LE(a.err.outliers, a.err.rows / 10);
     EXPECT_EQ(on.first_tokens, off.first_tokens);
+}
+
+// The routed experts through the grouped fp8 kernel (the default on an H200) and through a
+// cuBLASLt GEMM pair per expert: the same products summed in another order. Rows whose router
+// and indexer choices are the same in both runs must agree to a few bf16 roundings of the
+// logits; a rounding difference may flip a near-tie choice on some rows (counted, bounded).
+TEST(GpuFp8Prefill, GroupedExpertsEqualPerExpertGemms) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    if (!ops::cuda::grouped_fp8_supported()) GTEST_SKIP() << "needs compute capability 9.0";
+    for (const std::string weights : {"fp8", "auto"}) {
+        const RunResult grouped = run(weights, TboMode::Off, ExpertGemm::Grouped);
+        const RunResult streams = run(weights, TboMode::Off, ExpertGemm::Streams);
+        const int layers = static_cast<int>(grouped.out.routes.size());
+        ASSERT_GT(layers, 0);
+        ASSERT_EQ(grouped.gpu.grouped_fp8_layers, layers) << weights << ": not every layer grouped";
+        ASSERT_EQ(streams.gpu.grouped_fp8_layers, 0) << weights;
+        const std::vector<bool> same = same_choices(grouped, streams);
+        const std::vector<double> e = row_errors_of(grouped, streams);
+        double worst = 0, worst_any = 0;
+        size_t agreeing = 0;
+        for (size_t t = 0; t < e.size(); ++t) {
+            worst_any = std::max(worst_any, e[t]);
+            if (!same[t]) continue;
+            ++agreeing;
+            worst = std::max(worst, e[t]);
+        }
+        std::printf(
+            "[ compare ] %s grouped vs per-expert GEMMs: %zu of %zu rows choose the same; their "
+            "worst row error %.3g (all rows %.3g)\n",
+            weights.c_str(), agreeing, e.size(), worst, worst_any);
+        EXPECT_GE(agreeing, e.size() * 9 / 10) << weights;
+        EXPECT_LE(worst, 2e-2) << weights;
+    }
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool groupe
     o.tbo = tbo;
     o.all_logits = true;
     o.record_hidden = o.record_topk = records;
-    o.grouped_experts = grouped_experts;
+    o.expert_gemm = grouped_experts ? ExpertGemm::Grouped : ExpertGemm::Streams;
     return g.run(f.requests, o);
 }
 

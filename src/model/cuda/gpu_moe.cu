@@ -6,6 +6,7 @@
 
 #include "model/cuda/gpu_moe.h"
 #include "ops/cuda/fp4.h"
+#include "ops/cuda/grouped_fp8.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
@@ -31,6 +32,13 @@ void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
                        r.sort_bytes, c.stream);
     CPFILL_CUDA_CHECK(cudaMemcpyAsync(r.host_counts, r.counts, E * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, c.stream));
+}
+
+bool experts_grouped_fp8(const GpuLayer& L, bool allowed) {
+    if (!allowed) return false;
+    if (L.w13.fp4() && L.w2.fp4()) return true;
+    return L.w13.fp8() && L.w2.fp8() && L.w13.blocks() == oc::Fp8Blocks::Tile128 &&
+           L.w2.blocks() == oc::Fp8Blocks::Tile128;
 }
 
 void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
@@ -82,14 +90,41 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
     }
     // Routed experts beside the shared expert: one grouped GEMM each for gate_up and down with one
-    // SwiGLU between them on expert stream 0 (bf16 experts only), or a GEMM pair per expert,
-    // largest first, each on the expert stream with the fewest rows so far. Every expert works
-    // on its own rows of every buffer, so they never touch the same memory.
-    const bool grouped = es.grouped && !fp8;
+    // SwiGLU between them on expert stream 0, or a GEMM pair per expert, largest first, each on
+    // the expert stream with the fewest rows so far. Every expert works on its own rows of every
+    // buffer, so they never touch the same memory.
+    const bool fp8_grouped = experts_grouped_fp8(L, es.fp8_grouped);
+    const bool grouped = (es.grouped && !fp8) || fp8_grouped;
     const int ns = grouped ? 1 : es.count;
     CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
     for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
-    if (grouped) {
+    if (fp8_grouped) {
+        const cudaStream_t st = es.stream[0];
+        oc::GroupedFp8Gemm g;
+        g.x = s.xq;
+        g.xs = s.xs;
+        g.n_pad = pfirst[E];
+        g.pfirst = s.pfirst;
+        g.n_experts = E;
+        g.w = w13.q;
+        g.ws = w13.s;
+        g.ws_per_expert = w13.spm;
+        g.in = D;
+        g.out = 2 * width;
+        g.y = s.gu;
+        oc::grouped_gemm_fp8(g, st);
+        oc::swiglu_quant_fp8_experts(s.gu, pfirst[E], width, limit, s.sp, s.pfirst, E, s.aq, s.as,
+                                     st);
+        g.x = s.aq;
+        g.xs = s.as;
+        g.w = w2.q;
+        g.ws = w2.s;
+        g.ws_per_expert = w2.spm;
+        g.in = width;
+        g.out = D;
+        g.y = s.op;
+        oc::grouped_gemm_fp8(g, st);
+    } else if (grouped) {
         const cudaStream_t st = es.stream[0];
         es.grouped->experts(r.counts, r.host_counts, E, s.xp, D, L.w13.bf16(), 2 * width, s.gu, st);
         oc::swiglu(s.gu, n_assign, width, limit, s.sp, s.act, st);

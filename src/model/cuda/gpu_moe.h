@@ -59,12 +59,13 @@ struct GpuMoeScratch {
 // third of an H200's SMs at 64k tokens: ~1,500 rows), each with its own cuBLASLt context, and the
 // events that fork them from and join them back into the compute stream. `count` of the
 // kMaxExpertStreams are used (GpuRunOptions::expert_streams); experts go to the stream with the
-// fewest rows so far, largest first; or, with `grouped`, two grouped GEMMs on stream 0.
+// fewest rows so far, largest first; or two grouped GEMMs on stream 0 (GpuRunOptions::expert_gemm).
 constexpr int kMaxExpertStreams = 8;
 constexpr int kMaxGroupedExperts = 1024;  // routed experts the grouped path takes
 struct GpuExpertStreams {
     int count = kMaxExpertStreams;
-    ops::cuda::GroupedGemm* grouped = nullptr;  // set: the grouped path (stream 0 only)
+    ops::cuda::GroupedGemm* grouped = nullptr;  // set: the grouped path of bf16 experts (stream 0)
+    bool fp8_grouped = false;  // fp8 experts with Tile128 scales: ops/cuda/grouped_fp8.h (stream 0)
     cudaStream_t stream[kMaxExpertStreams] = {};
     ops::cuda::GemmContext* gemm[kMaxExpertStreams] = {};
     cudaEvent_t fork = nullptr;
@@ -77,6 +78,11 @@ struct GpuExpertStreams {
 // input of every row, rank-major); tokens device int32 [rows] (hash routing).
 void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* y,
                    const int32_t* tokens, int64_t rows, GpuRouteScratch& r);
+
+// Whether layer L's routed experts run the grouped fp8 kernel (ops/cuda/grouped_fp8.h) when
+// `allowed` (GpuExpertStreams::fp8_grouped): fp8 experts with 128×128 weight tiles, or fp4 experts
+// (re-encoded to such tiles per layer).
+bool experts_grouped_fp8(const GpuLayer& L, bool allowed);
 
 // On c.stream (compute), once r is complete and its counts are on the host: the per-expert GEMMs
 // over contiguous rows (spread over `es`, joined back before the combine), the shared expert on

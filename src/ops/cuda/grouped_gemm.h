@@ -3,7 +3,7 @@
 // row first_e = Σ_{e' < e} n_e' of x and y (dense rows, the order of sort_by_expert) and
 // w_e = w + e · out · in (the stacked expert weights, [out, in] each). One launch for all experts
 // instead of one per expert. Measured on the H200 (CUDA 13), it runs at half the rate of one
-// cuBLASLt GEMM per expert, so the MoE uses it only when asked (GpuRunOptions::grouped_experts;
+// cuBLASLt GEMM per expert, so the MoE uses it only when asked (GpuRunOptions::expert_gemm;
 // docs/performance-notes.md).
 #pragma once
 

@@ -1,4 +1,5 @@
-// expert_offsets, gather_quant_fp8 and swiglu_quant_fp8: one warp per (row, 128 channels).
+// expert_offsets, gather_quant_fp8 and swiglu_quant_fp8(_experts): one warp per (row, 128
+// channels).
 #include "core/error.h"
 #include "ops/cuda/fp8_device.cuh"
 #include "ops/cuda/moe_fp8.h"
@@ -69,15 +70,9 @@ __global__ void gather_quant_kernel(const bf16* y, int64_t D, const int32_t* per
     if (valid) inv[a] = static_cast<int32_t>(p);
 }
 
-__global__ void swiglu_quant_kernel(const bf16* gu, int64_t m4, int64_t width, float limit,
-                                    const float* row_scale, uint8_t* aq, float* as) {
-    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    const int64_t kb_n = width / 128;
-    if (warp >= m4 * kb_n) return;
-    const int64_t r = warp / kb_n, kb = warp % kb_n;
-    const bf16* g_row = gu + r * 2 * width + kb * 128 + lane * 4;
-    const float rs = row_scale ? row_scale[r] : 1.0f;
+// One lane's 4 of a warp's 128 SwiGLU outputs (gate at g_row, up width further), quantised into q;
+// returns the block's scale.
+__device__ float swiglu_block(const bf16* g_row, int64_t width, float limit, float rs, uint8_t* q) {
     float v[4];
     for (int j = 0; j < 4; ++j) {
         float g = __bfloat162float(g_row[j]);
@@ -88,8 +83,37 @@ __global__ void swiglu_quant_kernel(const bf16* gu, int64_t m4, int64_t width, f
         }
         v[j] = g / (1.0f + expf(-g)) * u * rs;
     }
-    const float s = fp8_device::quantize_block128(v, aq + r * width + kb * 128 + lane * 4);
+    return fp8_device::quantize_block128(v, q);
+}
+
+__global__ void swiglu_quant_kernel(const bf16* gu, int64_t m4, int64_t width, float limit,
+                                    const float* row_scale, uint8_t* aq, float* as) {
+    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    const int64_t kb_n = width / 128;
+    if (warp >= m4 * kb_n) return;
+    const int64_t r = warp / kb_n, kb = warp % kb_n;
+    const float s =
+        swiglu_block(gu + r * 2 * width + kb * 128 + lane * 4, width, limit,
+                     row_scale ? row_scale[r] : 1.0f, aq + r * width + kb * 128 + lane * 4);
     if (lane == 0) as[kb * m4 + r] = s;
+}
+
+// swiglu_quant_kernel over the padded rows of all experts: row p of expert e (found in pfirst)
+// writes its scales into that expert's [width/128][m4] block.
+__global__ void swiglu_quant_experts_kernel(const bf16* gu, int64_t n_pad, int64_t width,
+                                            float limit, const float* row_scale,
+                                            const int32_t* pfirst, int E, uint8_t* aq, float* as) {
+    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    const int64_t kb_n = width / 128;
+    if (warp >= n_pad * kb_n) return;
+    const int64_t p = warp / kb_n, kb = warp % kb_n;
+    const int e = expert_of(pfirst, E, p);
+    const int64_t i = p - pfirst[e], m4 = pfirst[e + 1] - pfirst[e];
+    const float s = swiglu_block(gu + p * 2 * width + kb * 128 + lane * 4, width, limit,
+                                 row_scale[p], aq + p * width + kb * 128 + lane * 4);
+    if (lane == 0) as[int64_t{pfirst[e]} * kb_n + kb * m4 + i] = s;
 }
 
 }  // namespace
@@ -121,6 +145,16 @@ void swiglu_quant_fp8(const bf16* gate_up, int64_t m4, int64_t width, float limi
     if (m4 == 0) return;
     swiglu_quant_kernel<<<warp_blocks(m4 * (width / 128)), 256, 0, stream>>>(
         gate_up, m4, width, limit, row_scale, static_cast<uint8_t*>(aq), as);
+    CPFILL_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_quant_fp8_experts(const bf16* gate_up, int64_t n_pad, int64_t width, float limit,
+                              const float* row_scale, const int32_t* pfirst, int n_experts,
+                              void* aq, float* as, cudaStream_t stream) {
+    CPFILL_CHECK(width % 128 == 0, "swiglu_quant_fp8: width {} is not a multiple of 128", width);
+    if (n_pad == 0) return;
+    swiglu_quant_experts_kernel<<<warp_blocks(n_pad * (width / 128)), 256, 0, stream>>>(
+        gate_up, n_pad, width, limit, row_scale, pfirst, n_experts, static_cast<uint8_t*>(aq), as);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,4 +45,10 @@ void gather_quant_fp8(const __nv_bfloat16* y, int64_t d_model, const int32_t* pe
 void swiglu_quant_fp8(const __nv_bfloat16* gate_up, int64_t m4, int64_t width, float limit,
                       const float* row_scale, void* aq, float* as, cudaStream_t stream);
 
+// swiglu_quant_fp8 over the padded rows of all experts in one launch: gate_up [n_pad, 2 · width],
+// row_scale [n_pad] (sp of gather_quant_fp8), expert e's scales at as + pfirst[e] · width/128.
+void swiglu_quant_fp8_experts(const __nv_bfloat16* gate_up, int64_t n_pad, int64_t width,
+                              float limit, const float* row_scale, const int32_t* pfirst,
+                              int n_experts, void* aq, float* as, cudaStream_t stream);
+
 }  // namespace cpfill::ops::cuda

@@ -497,6 +497,9 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     st.gemm_plan_seconds = plans1.seconds - plans0.seconds;
     st.tbo_used = plan.tbo();
     st.chunk = plan.chunk;
+    const bool grouped_ok = cuda::grouped_fp8_experts(opt.expert_gemm);
+    for (const auto& L : g.ranks[0]->weights->layers)
+        st.grouped_fp8_layers += cuda::experts_grouped_fp8(L, grouped_ok);
     st.n_tokens = plan.n_tokens;
     for (auto& r : g.ranks) {
         size_t free_b = 0, total_b = 0;

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "model/cuda/gpu_attention.h"
 #include "model/cuda/gpu_moe.h"
+#include "ops/cuda/grouped_fp8.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/norm.h"
@@ -31,10 +32,15 @@ void RankDevice::init_streams() {
         experts.join[i] = streams->expert_join[i].native();
     }
     experts.fork = streams->expert_fork.native();
-    use_experts(GpuRunOptions{}.expert_streams, false, 0);
+    use_experts(GpuRunOptions{}.expert_streams, ExpertGemm::Streams, 0);
 }
 
-void RankDevice::use_experts(int streams, bool grouped_gemm, int n_experts) {
+bool grouped_fp8_experts(ExpertGemm mode) {
+    // Auto takes the faster path as measured (docs/fp8.md): today the GEMM pairs on streams.
+    return mode == ExpertGemm::Grouped && ops::cuda::grouped_fp8_supported();
+}
+
+void RankDevice::use_experts(int streams, ExpertGemm mode, int n_experts) {
     CPFILL_CHECK(streams >= 1 && streams <= kMaxExpertStreams,
                  "expert streams: {}, expected 1 to {}", streams, kMaxExpertStreams);
     while (static_cast<int>(expert_gemms.size()) < streams) {
@@ -44,7 +50,8 @@ void RankDevice::use_experts(int streams, bool grouped_gemm, int n_experts) {
     }
     experts.count = streams;
     experts.grouped = nullptr;
-    if (!grouped_gemm) return;
+    experts.fp8_grouped = grouped_fp8_experts(mode);
+    if (mode != ExpertGemm::Grouped) return;
     CPFILL_CHECK(n_experts <= kMaxGroupedExperts, "{} routed experts: at most {} supported",
                  n_experts, kMaxGroupedExperts);
     if (!grouped) grouped = std::make_unique<ops::cuda::GroupedGemm>(kMaxGroupedExperts);
@@ -80,7 +87,7 @@ class Runner {
           out_(out),
           timer_(opt.phase_timing && dev.rank == 0),
           dims_(dims_of(cfg_, plan, dev.cp, opt)) {
-        dev.use_experts(opt.expert_streams, opt.grouped_experts, cfg_.n_experts);
+        dev.use_experts(opt.expert_streams, opt.expert_gemm, cfg_.n_experts);
         ctx_.stream = dev.compute;
         ctx_.gemm = dev.gemm.get();
         ctx_.flag = &flag;

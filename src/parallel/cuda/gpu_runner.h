@@ -30,6 +30,10 @@ struct RankStreams {
     CudaEvent expert_fork, expert_join[kMaxExpertStreams];
 };
 
+// Whether fp8 experts go through the grouped fp8 kernel under `mode` on this GPU (layers whose
+// weights it takes: cuda::experts_grouped_fp8).
+bool grouped_fp8_experts(ExpertGemm mode);
+
 struct RankDevice {
     int rank = 0, cp = 1, device = 0;
     std::unique_ptr<RankStreams> streams;  // owns what the handles below name (destroyed last)
@@ -44,7 +48,7 @@ struct RankDevice {
     void init_streams();
     // Points `experts` at `streams` expert streams and (grouped) the grouped GEMMs, creating the
     // cuBLAS contexts a run asks for beyond those init_streams made (the default count).
-    void use_experts(int streams, bool grouped_gemm, int n_experts);
+    void use_experts(int streams, ExpertGemm mode, int n_experts);
     std::unique_ptr<GpuWeights> weights;
     std::unique_ptr<Arena> arena;    // kept between runs; regrown when a run needs more
     int32_t* host_counts = nullptr;  // pinned [2, n_experts]: per sub-batch

@@ -1,0 +1,37 @@
+// The routed experts' fp8 GEMMs in one launch (docs/fp8.md, "The grouped fp8 expert GEMM"): for
+// every expert e, y_e[m4_e, out] = x_e[m4_e, in] · w_eᵀ over its padded rows (ops/cuda/moe_fp8.h),
+// e4m3 operands with fp32 block scales, fp32 accumulation, bf16 out. A persistent Hopper kernel
+// (TMA + wgmma, sm_90a): tiles of 128 rows × 256 outputs of all experts are dealt to the
+// multiprocessors, so no expert waits for a launch and no wave is half empty.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cpfill::ops::cuda {
+
+struct GroupedFp8Gemm {
+    // Activations: e4m3 [n_pad, in] in padded rows; expert e's rows start at pfirst[e] and its
+    // scales form one [in/128][m4_e] block at xs + pfirst[e] · in/128.
+    const void* x = nullptr;
+    const float* xs = nullptr;
+    int64_t n_pad = 0;                // pfirst[E], as the host knows it
+    const int32_t* pfirst = nullptr;  // device [E + 1]
+    int n_experts = 0;
+    // Weights: e4m3 [E][out][in] with 128×128 tile scales (Fp8Blocks::Tile128) per expert,
+    // expert e's at ws + e · ws_per_expert.
+    const void* w = nullptr;
+    const float* ws = nullptr;
+    int64_t ws_per_expert = 0;
+    int64_t in = 0, out = 0;     // multiples of 128
+    __nv_bfloat16* y = nullptr;  // [n_pad, out]: every padded row of every expert is written
+};
+
+// Whether this GPU runs the kernel (compute capability 9.0: wgmma and TMA as built, sm_90a).
+bool grouped_fp8_supported();
+
+void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream);
+
+}  // namespace cpfill::ops::cuda
