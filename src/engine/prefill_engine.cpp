@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "io/checkpoint.h"
 #include "model/batch.h"
+#include "ops/gemm_plan_rows.h"
 
 namespace cpfill {
 
@@ -204,7 +205,20 @@ double PrefillEngine::warm_up(int64_t budget, TboMode tbo, bool all_sizes) {
     const int64_t first =
         std::max<int64_t>(1, std::min<int64_t>(budget, options_.cuda ? kGpuWarmupTokens : 16));
     double seconds = 0;
-    for (int64_t n = first;; n /= 4) {
+    // The sizes: `first`, then (all_sizes, GPUs) the top of every smaller GEMM row class, largest
+    // first, so that each class of the dense GEMMs has its plan.
+    std::vector<int64_t> sizes{first};
+    if (all_sizes && options_.cuda)
+        for (int64_t n = 1; ops::gemm_plan_rows(n) < first; n = ops::gemm_plan_rows(n) + 1)
+            sizes.insert(sizes.begin() + 1, ops::gemm_plan_rows(n));
+    if (gpu_) {
+        // The routed experts' plans for every row class a batch of `first` tokens can give an
+        // expert (a warm-up batch reaches only the counts its own routing gives).
+        const auto t0 = std::chrono::steady_clock::now();
+        gpu_->prepare_expert_plans(first);
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    for (const int64_t n : sizes) {
         // Ids from a fixed LCG, spread over the vocabulary as text is.
         std::vector<int32_t> ids;
         uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -215,7 +229,6 @@ double PrefillEngine::warm_up(int64_t budget, TboMode tbo, bool all_sizes) {
         RunOptions w;
         w.tbo = tbo;
         seconds += run({ids}, w).prefill_seconds;
-        if (!all_sizes || !options_.cuda || n / 4 < 16) break;
     }
     return seconds;
 }

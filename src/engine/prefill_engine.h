@@ -71,10 +71,11 @@ class PrefillEngine {
     // "Warm-up"): one request of pseudo-random ids (not the batch to come), at most `budget` of
     // them. On GPUs up to kGpuWarmupTokens — the GEMM plans, the kernels that the larger shapes
     // pick and the workspace arena are then made before the real batch — on CPUs 16 (thread
-    // pools, first-touch page faults). Returns its seconds.
-    // all_sizes (a server, whose requests come in every size, and each size class of a GEMM
-    // picks its own plan and kernel): on GPUs further batches of a quarter of the one before,
-    // down to 16 tokens.
+    // pools, first-touch page faults). On GPUs also the routed experts' GEMM plans of every row
+    // class up to that many rows per expert (GpuGroup::prepare_expert_plans). Returns its seconds.
+    // all_sizes (a server, whose requests come in every size, and each row class of a GEMM
+    // (ops/gemm_plan_rows.h) picks its own plan and kernel): on GPUs a further batch at the top
+    // of every smaller class, largest first, down to 1 token.
     static constexpr int64_t kGpuWarmupTokens = 8192;
     double warm_up(int64_t budget, TboMode tbo, bool all_sizes = false);
 

@@ -169,6 +169,12 @@ class GpuGroup {
     // part.
     void randomize(const ModelConfig& cfg, uint64_t seed);
 
+    // Makes every local rank's routed-expert GEMM plans for each row class up to max_rows rows per
+    // expert (cuda::gpu_moe_plan_experts, once per kind of expert weights among the layers), so
+    // that no batch pays cuBLASLt's heuristic per expert. Returns the plans made on rank 0's
+    // process (GEMM pairs × classes).
+    int64_t prepare_expert_plans(int64_t max_rows);
+
     // The local ranks' weights: the largest rank's device bytes, and the fp8 values quantised and
     // those not exact (GpuWeights::fp8_inexact) summed over the ranks.
     struct WeightStats {

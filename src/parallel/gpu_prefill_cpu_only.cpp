@@ -23,6 +23,7 @@ void GpuGroup::load_top(const std::vector<const ModelWeights*>&) { no_cuda(); }
 void GpuGroup::load_layer(int, const std::vector<const ModelWeights*>&) { no_cuda(); }
 GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint&, int, bool) { no_cuda(); }
 void GpuGroup::randomize(const ModelConfig&, uint64_t) { no_cuda(); }
+int64_t GpuGroup::prepare_expert_plans(int64_t) { no_cuda(); }
 GpuGroup::WeightStats GpuGroup::weight_stats() const { no_cuda(); }
 PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>&, const GpuRunOptions&,
                             GpuStats*) {

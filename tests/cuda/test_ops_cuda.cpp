@@ -71,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm,
                                            GemmShape{133, 512, 1000}, GemmShape{300, 1024, 257},
                                            GemmShape{1000, 4096, 512}));
 
-// Row counts of one plan class (gemm.cu plan_rows: 257–320, 1281–1536) and around its edges, in
+// Row counts of one plan class (ops/gemm_plan_rows.h: 257–320, 1281–1536) and around its edges, in
 // one context, largest first and smallest first: each result equals the CPU's, so the plan's
 // layouts follow the row count (a plan kept at the first n would compute the wrong rows).
 TEST(CudaGemm, RowCountsSharingAPlanEachMatchCpu) {

@@ -11,6 +11,7 @@
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
 #include "ops/cuda/rows.h"
+#include "ops/gemm_plan_rows.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::cuda {
@@ -39,6 +40,44 @@ bool experts_grouped_fp8(const GpuLayer& L, bool allowed) {
     if (L.w13.fp4() && L.w2.fp4()) return true;
     return L.w13.fp8() && L.w2.fp8() && L.w13.blocks() == oc::Fp8Blocks::Tile128 &&
            L.w2.blocks() == oc::Fp8Blocks::Tile128;
+}
+
+int64_t gpu_moe_plan_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
+                             int64_t max_rows) {
+    const int64_t D = W.cfg.d_model, width = W.width;
+    const bool fp8 = L.w13.fp8() || L.w13.fp4();
+    // fp4 experts run as fp8 with 128×128 tiles (fp4_to_fp8_tiles); fp8 rows come in fours.
+    const oc::Fp8Blocks b13 = L.w13.fp4() ? oc::Fp8Blocks::Tile128 : L.w13.blocks();
+    const oc::Fp8Blocks b2 = L.w2.fp4() ? oc::Fp8Blocks::Tile128 : L.w2.blocks();
+    const int64_t step = fp8 ? oc::kExpertRowAlign : 1;
+    max_rows = fp8 ? oc::padded_rows(max_rows) : max_rows;
+    if (max_rows <= 0 || width <= 0) return 0;
+    const int64_t el = fp8 ? 1 : 2;  // bytes per value of x, w and the activation
+    DeviceBuffer x(max_rows * D * el), w13(2 * width * D * el), gu(max_rows * 2 * width * 2),
+        act(max_rows * width * el), w2(D * width * el), op(max_rows * D * 2);
+    DeviceBuffer xs(fp8 ? max_rows * (D / 128) * 4 : 0), as(fp8 ? max_rows * (width / 128) * 4 : 0),
+        ws13(fp8 ? ops::fp8_scale_count(2 * width, D, b13) * 4 : 0),
+        ws2(fp8 ? ops::fp8_scale_count(D, width, b2) * 4 : 0);
+    for (DeviceBuffer* b : {&x, &w13, &gu, &act, &w2, &op, &xs, &as, &ws13, &ws2})
+        if (b->bytes()) CPFILL_CUDA_CHECK(cudaMemsetAsync(b->as<void>(), 0, b->bytes(), c.stream));
+    int64_t made = 0;
+    for (int64_t n = step; n <= max_rows; n = ops::gemm_plan_rows(n) + step, ++made) {
+        const int64_t m = std::min(ops::gemm_plan_rows(n), max_rows);
+        if (fp8) {
+            oc::gemm_fp8(*c.gemm, x.as<uint8_t>(), xs.as<float>(), m, D, w13.as<uint8_t>(),
+                         ws13.as<float>(), b13, 2 * width, gu.as<bf16>(), nullptr, 2 * width,
+                         c.stream);
+            oc::gemm_fp8(*c.gemm, act.as<uint8_t>(), as.as<float>(), m, width, w2.as<uint8_t>(),
+                         ws2.as<float>(), b2, D, op.as<bf16>(), nullptr, D, c.stream);
+        } else {
+            oc::linear_bf16(*c.gemm, x.as<bf16>(), m, D, w13.as<bf16>(), 2 * width, gu.as<bf16>(),
+                            nullptr, false, c.stream);
+            oc::linear_bf16(*c.gemm, act.as<bf16>(), m, width, w2.as<bf16>(), D, op.as<bf16>(),
+                            nullptr, false, c.stream);
+        }
+    }
+    CPFILL_CUDA_CHECK(cudaStreamSynchronize(c.stream));  // before the scratch is freed
+    return made;
 }
 
 void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,

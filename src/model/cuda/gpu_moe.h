@@ -84,6 +84,14 @@ void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
 // (re-encoded to such tiles per layer).
 bool experts_grouped_fp8(const GpuLayer& L, bool allowed);
 
+// Makes the GEMM plans (ops/cuda/gemm.h) of layer L's routed-expert GEMM pair for every row class
+// (ops/gemm_plan_rows.h) up to max_rows in c.gemm's plan cache (the rank's contexts share it), by
+// running the pair once per class on zeroed scratch rows on c.stream, and waits for them: a batch
+// then pays no cuBLASLt heuristic per expert (a warm-up batch reaches only the row counts its
+// routing happens to give). Returns the classes made.
+int64_t gpu_moe_plan_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
+                             int64_t max_rows);
+
 // On c.stream (compute), once r is complete and its counts are on the host: the per-expert GEMMs
 // over contiguous rows (spread over `es`, joined back before the combine), the shared expert on
 // c.stream meanwhile, the weighted sum → out bf16 [rows, d_model].

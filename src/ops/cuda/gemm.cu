@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ops/cuda/gemm.h"
+#include "ops/gemm_plan_rows.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -87,21 +88,13 @@ cublasLtMatmulAlgo_t pick_algo(GemmContext& ctx, cublasLtMatmulDesc_t desc,
 
 enum InKind { kBf16 = 0, kF32 = 1, kFp8Tile = 2, kFp8Row = 3 };
 
-// The row counts that share a plan: n itself up to 64, then multiples of 16 up to 256, then
-// quarter octaves (257–320, 321–384, …, 1281–1536, …). cuBLASLt's heuristic is asked once per
+// The row counts that share a plan: ops/gemm_plan_rows.h. cuBLASLt's heuristic is asked once per
 // class, for the first row count seen in it; its algorithm runs any row count of the class.
 // Per-expert GEMMs see a new row count for nearly every expert of every batch, and each
 // heuristic call costs ~0.2 ms of host time: exact-n plans made a server's every new prompt, and
 // a process's first batch after the warm-up, pay it per expert and layer
 // (docs/performance-notes.md).
-int64_t plan_rows(int64_t n) {
-    if (n <= 64) return n;
-    if (n <= 256) return (n + 15) / 16 * 16;
-    int64_t octave = 256;
-    while (octave * 2 < n) octave *= 2;
-    const int64_t step = octave / 4;
-    return (n + step - 1) / step * step;
-}
+using ops::gemm_plan_rows;
 
 std::atomic<int64_t> g_plans_made{0}, g_plan_ns{0};  // gemm_plan_stats
 
@@ -113,7 +106,8 @@ void gemm_impl(GemmContext& ctx, const void* x, int64_t ldx, int64_t n, int64_t 
                const float* x_scale = nullptr) {
     const uint32_t align[3] = {alignment(w), alignment(x), alignment(y)};
     const int align_key = static_cast<int>(align[0] | align[1] << 9 | align[2] << 18);
-    const GemmContext::Key key{plan_rows(n), in, out, ldx, ldy, y_f32, accumulate, align_key, kind};
+    const GemmContext::Key key{gemm_plan_rows(n), in,        out, ldx, ldy, y_f32,
+                               accumulate,        align_key, kind};
     const bool fp8 = kind == kFp8Tile || kind == kFp8Row;
     auto it = ctx.plans().find(key);
     if (it == ctx.plans().end()) {

@@ -30,7 +30,7 @@ class GemmContext {
     void* workspace() const { return workspace_; }
     size_t workspace_bytes() const { return workspace_bytes_; }
     // The descriptors and cuBLASLt's heuristic choice per problem (row-count class of n — see
-    // plan_rows in gemm.cu —, in, out, ldx, ldy, fp32 out, accumulate, pointer alignments), made
+    // ops/gemm_plan_rows.h —, in, out, ldx, ldy, fp32 out, accumulate, pointer alignments), made
     // once: a repeated shape (every layer, every expert of a similar row count) costs only the
     // cublasLtMatmul call on the host and a layout update when n changes within the class.
     // The last field: the input kind (0 bf16, 1 fp32, 2 fp8 with 128×128 weight blocks, 3 fp8 with

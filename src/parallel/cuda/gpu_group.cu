@@ -317,6 +317,27 @@ void GpuGroup::load_layer(int layer, const std::vector<const ModelWeights*>& ran
     });
 }
 
+int64_t GpuGroup::prepare_expert_plans(int64_t max_rows) {
+    Impl& g = *impl_;
+    std::vector<int64_t> made(g.ranks.size(), 0);
+    g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
+        RankDevice& r = *g.ranks[i];
+        CPFILL_CHECK(r.weights != nullptr, "rank {}: expert plans before the weights", r.rank);
+        cuda::GpuCtx c;
+        c.stream = r.compute;
+        c.gemm = r.gemm.get();
+        // One layer per kind of expert weights: the plans depend on the storage, not the values.
+        std::vector<std::pair<GpuStorage, GpuStorage>> seen;
+        for (const auto& L : r.weights->layers) {
+            const std::pair<GpuStorage, GpuStorage> k{L.w13.storage, L.w2.storage};
+            if (std::find(seen.begin(), seen.end(), k) != seen.end()) continue;
+            seen.push_back(k);
+            made[i] += cuda::gpu_moe_plan_experts(c, *r.weights, L, max_rows);
+        }
+    });
+    return made[0];
+}
+
 GpuGroup::WeightStats GpuGroup::weight_stats() const {
     WeightStats s;
     for (const auto& r : impl_->ranks) {
