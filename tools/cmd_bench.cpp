@@ -158,11 +158,12 @@ void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, cons
     for (BenchRow& row : mine) {
         if (!row.measured()) continue;
         // Without --chunk, a row whose one pass does not fit runs in chunks (GpuGroup::run picks
-        // them): skipped only when chunks of 1024 tokens do not fit either.
+        // them): skipped only when chunks of kMinAutoChunk tokens do not fit either.
         GpuMemoryPlan m =
             plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format, a.chunk);
         if (m.total() > free_bytes && a.chunk == 0)
-            m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format, 1024);
+            m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format,
+                                kMinAutoChunk);
         if (m.total() > free_bytes)
             row.skipped = fmt::format(
                 "not enough memory: needs {:.2f} GB per GPU (weights {:.2f} + workspace {:.2f}), "

@@ -110,6 +110,10 @@ struct GpuMemoryPlan {
     size_t workspace = 0;
     size_t total() const { return weights + workspace; }
 };
+// The smallest chunk automatic chunking tries (below it the expert GEMMs run on few rows); a
+// batch that does not fit in chunks of it is refused (and `bench` skips its row).
+constexpr int64_t kMinAutoChunk = 1024;
+
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits,
                               GpuWeightFormat format = GpuWeightFormat::Bf16, int64_t chunk = 0);

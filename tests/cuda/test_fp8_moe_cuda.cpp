@@ -20,12 +20,6 @@ namespace oc = ops::cuda;
 using test_cuda::download;
 using test_cuda::upload;
 
-float e4m3_to_f32(uint8_t q) {  // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits
-    const int s = q >> 7, e = (q >> 3) & 15, m = q & 7;
-    const float v = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
-    return s ? -v : v;
-}
-
 std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> b(v.size());
     for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16(v[i]);

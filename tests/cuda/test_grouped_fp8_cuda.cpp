@@ -22,12 +22,6 @@ namespace oc = ops::cuda;
 using test_cuda::download;
 using test_cuda::upload;
 
-float e4m3_to_f32(uint8_t q) {  // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits
-    const int s = q >> 7, e = (q >> 3) & 15, m = q & 7;
-    const float v = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
-    return s ? -v : v;
-}
-
 uint8_t random_e4m3(std::mt19937_64& rng) {
     for (;;) {  // any finite byte (0x7f, 0xff are NaN)
         const auto b = static_cast<uint8_t>(rng() & 0xff);

@@ -368,9 +368,6 @@ void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
 
 namespace {
 
-// The smallest chunk automatic chunking tries (below it the expert GEMMs run on few rows).
-constexpr int64_t kMinAutoChunk = 1024;
-
 // The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU, in
 // chunks of `chunk` tokens (0: one pass).
 int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
