@@ -5,8 +5,8 @@
 // 128-output half a consumer accumulates the raw e4m3 products in one register tile, then adds it
 // to that half's accumulators times the block's scales (row scale of x × tile scale of w),
 // DeepSeek's promotion of fp8 partial sums to fp32, and frees the stage (`empty`). 256 outputs
-// per tile, not 128: a 128 × 128 tile reads 128 FLOP per byte from L2, which caps it near
-// 1,000 TFLOP/s (measured 967 at the expert shapes); 128 × 256 reads 171. Tiles are numbered expert
+// per tile read 1.33× fewer bytes from L2 per FLOP than 128; measured, that changed the rate by
+// 1% (the kernel is not L2-bound; docs/fp8.md has where its time goes). Tiles are numbered expert
 // by expert, row tile by row tile, output tile fastest, and dealt round-robin to the blocks: the
 // blocks working at one time share an expert's weights and a row tile's activations in L2.
 #include <cuda.h>

@@ -110,15 +110,6 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t a
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// Named barriers between warpgroups: `threads` in all meet at barrier `id` (1–15; 0 is
-// __syncthreads); arrive does not wait, sync does.
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 __device__ __forceinline__ void setmaxnreg_dec40() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
 }
