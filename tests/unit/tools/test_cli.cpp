@@ -406,6 +406,13 @@ TEST(Cli, UnknownDeviceIsAUsageError) {
                        {"--device", "tpu"});
 }
 
+// bench --expert-gemm takes auto, grouped or streams; anything else is refused before any work
+// and the message names what was given and what is allowed.
+TEST(Cli, UnknownExpertGemmIsAUsageError) {
+    expect_usage_error(run_cli("bench --expert-gemm fastest"),
+                       {"--expert-gemm", "fastest", "auto", "grouped", "streams"});
+}
+
 TEST(Cli, TestHookIsNotInTheHelp) {
     Result h = run_cli("run --help");
     EXPECT_EQ(h.code, 0) << h.out;
