@@ -2,44 +2,33 @@
 #include "parallel/collectives.h"
 
 #include "core/error.h"
+#include "parallel/exchange_plan.h"
 
 namespace cpfill {
 
 namespace {
-const char* slot_name(Slot s) {
-    switch (s) {
-        case Slot::AttnGather:
-            return "attention-input all_gather";
-        case Slot::MoeGather:
-            return "MoE-input all_gather";
-        case Slot::MoeScatter:
-            return "MoE-output reduce_scatter";
-        default:
-            return "all_gather";
-    }
-}
-bool is_scatter(Slot s) { return s == Slot::MoeScatter; }
+bool is_scatter(Exchange e) { return collective_of(e) == Collective::ReduceScatter; }
 }  // namespace
 
 SplitCollectives::SplitCollectives(RankContext& ctx, bool async) : ctx_(ctx), async_(async) {}
 
-SplitCollectives::Entry& SplitCollectives::entry(Slot slot, int sub) {
+SplitCollectives::Entry& SplitCollectives::entry(Exchange slot, int sub) {
     CPFILL_CHECK(sub == 0 || sub == 1, "sub-batch {} out of range", sub);
     return entries_[static_cast<size_t>(slot)][sub];
 }
 
-float* SplitCollectives::send(Slot slot, int sub, int64_t count) {
+float* SplitCollectives::send(Exchange slot, int sub, int64_t count) {
     Entry& e = entry(slot, sub);
     CPFILL_CHECK(!e.in_flight, "{} of sub-batch {}: send buffer reused before finish()",
-                 slot_name(slot), sub);
+                 exchange_name(slot), sub);
     const int64_t in = is_scatter(slot) ? ctx_.cp_size * count : count;
     if (static_cast<int64_t>(e.send.size()) < in) e.send.resize(in);
     return e.send.data();
 }
 
-void SplitCollectives::launch(Slot slot, int sub, int64_t count) {
+void SplitCollectives::launch(Exchange slot, int sub, int64_t count) {
     Entry& e = entry(slot, sub);
-    CPFILL_CHECK(!e.in_flight, "{} of sub-batch {} launched twice", slot_name(slot), sub);
+    CPFILL_CHECK(!e.in_flight, "{} of sub-batch {} launched twice", exchange_name(slot), sub);
     const int64_t out = is_scatter(slot) ? count : ctx_.cp_size * count;
     if (static_cast<int64_t>(e.recv.size()) < out) e.recv.resize(out);
     e.count = count;
@@ -53,10 +42,11 @@ void SplitCollectives::launch(Slot slot, int sub, int64_t count) {
     stream.record(e.done);
 }
 
-const float* SplitCollectives::finish(Slot slot, int sub) {
+const float* SplitCollectives::finish(Exchange slot, int sub) {
     Entry& e = entry(slot, sub);
-    CPFILL_CHECK(e.in_flight, "{} of sub-batch {} finished without a launch", slot_name(slot), sub);
-    e.done.wait(ctx_.deadline, std::string(slot_name(slot)) + " of sub-batch " +
+    CPFILL_CHECK(e.in_flight, "{} of sub-batch {} finished without a launch", exchange_name(slot),
+                 sub);
+    e.done.wait(ctx_.deadline, std::string(exchange_name(slot)) + " of sub-batch " +
                                    std::to_string(sub) + " on rank " + std::to_string(ctx_.rank));
     e.in_flight = false;
     return e.recv.data();

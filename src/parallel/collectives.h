@@ -1,8 +1,8 @@
-// Split-phase collectives for the CP forward (docs/design.md §5): launch(slot, sub) issues a
-// collective from the slot's persistent send buffer; finish(slot, sub) waits for it and returns
-// the receive buffer. Buffers and events are persistent per (slot, sub-batch): nothing is
-// allocated per layer once they have grown to the largest layer's size, and a slot's send buffer
-// stays untouched until its collective has been finished.
+// Split-phase collectives for the CP forward on CPU ranks (docs/design.md §5): launch(e, sub)
+// issues the collective of a block exchange (parallel/exchange_plan.h) from its persistent send
+// buffer; finish(e, sub) waits for it and returns the receive buffer. Buffers and events are
+// persistent per (exchange, sub-batch): nothing is allocated per layer once they have grown to the
+// largest layer's size, and an exchange's send buffer stays untouched until it has been finished.
 //   sync  (TBO off): the CP communicator on the compute stream — the collective runs in launch();
 //   async (TBO on):  the overlap communicator (a dup) on the comm stream — launch() returns at
 //                    once, finish() waits on the slot's event with the deadline.
@@ -13,12 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "model/decoder_block.h"
 #include "runtime/communicator.h"
 #include "runtime/stream.h"
 
 namespace cpfill {
-
-enum class Slot { AttnGather, MoeGather, MoeScatter, Gather, kCount };
 
 struct RankContext {
     int rank = 0;
@@ -33,11 +32,11 @@ struct RankContext {
 class SplitCollectives {
   public:
     SplitCollectives(RankContext& ctx, bool async);
-    // The send buffer of (slot, sub), grown to hold `count` floats per rank of input
+    // The send buffer of (e, sub), grown to hold `count` floats per rank of input
     // (reduce-scatter: cp_size · count).
-    float* send(Slot slot, int sub, int64_t count);
-    void launch(Slot slot, int sub, int64_t count);
-    const float* finish(Slot slot, int sub);
+    float* send(Exchange e, int sub, int64_t count);
+    void launch(Exchange e, int sub, int64_t count);
+    const float* finish(Exchange e, int sub);
 
   private:
     struct Entry {
@@ -46,11 +45,11 @@ class SplitCollectives {
         bool in_flight = false;
         int64_t count = 0;
     };
-    Entry& entry(Slot slot, int sub);
+    Entry& entry(Exchange e, int sub);
 
     RankContext& ctx_;
     bool async_;
-    std::array<std::array<Entry, 2>, static_cast<size_t>(Slot::kCount)> entries_;
+    std::array<std::array<Entry, 2>, static_cast<size_t>(Exchange::kCount)> entries_;
 };
 
 }  // namespace cpfill

@@ -1,7 +1,8 @@
-// cp_prefill: rank threads, the per-sub-batch stage functions X (attention, launch MoE gather)
-// and Y (MoE, launch reduce-scatter), the TBO schedule X(a) X(b) Y(a) Y(b), and the head.
+// cp_prefill: rank threads, each a CPU backend of the one engine (parallel/engine.h): the block's
+// ops on fp32 host rows, the exchanges through split-phase collectives, and the head.
 #include "parallel/cp_prefill.h"
 
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -14,6 +15,8 @@
 #include "ops/mhc.h"
 #include "ops/norm.h"
 #include "parallel/collectives.h"
+#include "parallel/engine.h"
+#include "parallel/exchange_plan.h"
 #include "parallel/layout.h"
 
 namespace cpfill {
@@ -29,16 +32,18 @@ ops::MhcParams mhc_params(const MhcWeights& m, const ModelConfig& cfg) {
 struct Sub {
     int index = 0;
     int64_t row_offset = 0;  // first row of this sub-batch in the whole token stream
-    Batch batch;
+    const Batch* batch = nullptr;
     CpLayout layout;
     Rows rows;
     std::vector<int32_t> tokens_rm;  // all padded rows' tokens, rank-major
     std::vector<float> h;            // [n_local, hc, d_model]
     std::vector<float> post, comb, x, mix, normed, out, global;
     AttnScratch attn;
+    std::array<const float*, static_cast<size_t>(Exchange::kCount)> received{};  // after wait()
 };
 
-class RankRunner {
+// One CPU rank as the engine's backend (parallel/engine.h): the block's ops on fp32 host rows.
+class RankRunner final : public RankBackend {
   public:
     RankRunner(RankContext& ctx, const ModelWeights& w, const PrefillOptions& opt, ThreadPool& pool,
                int n_requests, PrefillOutput* collect)
@@ -51,19 +56,38 @@ class RankRunner {
           store_(n_requests, std::vector<LayerKv>(cfg_.n_layers)),
           collect_(collect) {}
 
-    void run_batch(const Batch& batch, int64_t row_offset, bool tbo,
-                   const std::vector<std::vector<int32_t>>& requests);
+    void run(const RunPlan& plan) {
+        requests_ = plan.requests;
+        for (const ChunkPlan& c : plan.chunks) {
+            coll_ = std::make_unique<SplitCollectives>(ctx_, c.tbo);
+            run_chunk(*this, c, cfg_.n_layers);
+        }
+    }
     KvStore& store() { return store_; }
 
+    void begin_chunk(const ChunkPlan& chunk) override;
+    void embedded(int s) override { record_hidden(subs_[s], 0); }
+    void head(int s) override;
+
+    void collapse(int s, int layer, Site site) override;
+    void residual(int s, int layer, Site site) override;
+    void attn_pack(int s, int layer) override;
+    void attn_queries(int s, int layer) override;
+    void kv_append(int s, int layer) override;
+    void attn_output(int s, int layer) override;
+    void moe_experts(int s, int layer) override;
+    void start(Exchange e, int s, int layer) override;
+    void wait(Exchange e, int s, int layer) override;
+    void layer_done(int s, int layer) override { record_hidden(subs_[s], layer + 1); }
+
   private:
-    void init_sub(Sub& s, Batch b, int index, int64_t row_offset);
-    void stage_x(Sub& s, int layer);
-    void stage_y(Sub& s, int layer);
-    void finish_moe(Sub& s, int layer);
-    // Gathers a per-local-row tensor [n_local, width] into global order [T, width] (s.global).
+    int64_t width(Exchange e, int layer) const {
+        return exchange_width(cfg_, w_.layers[layer].type, e);
+    }
+    // Gathers a per-local-row tensor [n_local, width] into global order [T, width] (s.global), on
+    // the CP communicator from the compute stream (records only).
     const float* gather_rows(Sub& s, const float* local, int64_t width);
     void record_hidden(Sub& s, int index);
-    void head(Sub& s, const std::vector<std::vector<int32_t>>& requests);
 
     RankContext& ctx_;
     const ModelWeights& w_;
@@ -73,38 +97,44 @@ class RankRunner {
     RopeTables ropes_;
     KvStore store_;
     PrefillOutput* collect_;  // rank 0 only: where logits and records go
+    const std::vector<std::vector<int32_t>>* requests_ = nullptr;
     std::unique_ptr<SplitCollectives> coll_;
+    std::array<Sub, 2> subs_;
+    std::vector<float> gathered_;  // gather_rows' receive buffer
 };
 
-void RankRunner::init_sub(Sub& s, Batch b, int index, int64_t row_offset) {
+void RankRunner::begin_chunk(const ChunkPlan& chunk) {
     const int64_t D = cfg_.d_model, hc = cfg_.hc;
-    s.index = index;
-    s.row_offset = row_offset;
-    s.batch = std::move(b);
-    s.layout = make_layout(s.batch, ctx_.cp_size);
-    s.rows = s.layout.local_rows(s.batch, ctx_.rank);
-    s.tokens_rm = s.layout.rank_major_tokens(s.batch);
-    const int64_t n = s.rows.n();
-    s.h.resize(n * hc * D);
-    for (int64_t t = 0; t < n; ++t)
-        for (int j = 0; j < hc; ++j)
-            std::memcpy(&s.h[(t * hc + j) * D], w_.embed.f32() + int64_t{s.rows.tokens[t]} * D,
-                        D * sizeof(float));
-    s.post.resize(n * hc);
-    s.comb.resize(n * hc * hc);
-    s.x.resize(n * D);
-    s.mix.resize(n * (2 + hc) * hc);
-    s.normed.resize(n * hc * D);
-    s.out.resize(n * D);
+    for (size_t i = 0; i < chunk.subs.size(); ++i) {
+        Sub& s = subs_[i];
+        s.index = static_cast<int>(i);
+        s.row_offset = chunk.stream_row0 + chunk.row_offset[i];
+        s.batch = &chunk.subs[i];
+        s.layout = make_layout(*s.batch, ctx_.cp_size);
+        s.rows = s.layout.local_rows(*s.batch, ctx_.rank);
+        s.tokens_rm = s.layout.rank_major_tokens(*s.batch);
+        const int64_t n = s.rows.n();
+        s.h.resize(n * hc * D);
+        for (int64_t t = 0; t < n; ++t)
+            for (int j = 0; j < hc; ++j)
+                std::memcpy(&s.h[(t * hc + j) * D], w_.embed.f32() + int64_t{s.rows.tokens[t]} * D,
+                            D * sizeof(float));
+        s.post.resize(n * hc);
+        s.comb.resize(n * hc * hc);
+        s.x.resize(n * D);
+        s.mix.resize(n * (2 + hc) * hc);
+        s.normed.resize(n * hc * D);
+        s.out.resize(n * D);
+    }
 }
 
 const float* RankRunner::gather_rows(Sub& s, const float* local, int64_t width) {
     const int64_t n = s.rows.n();
-    std::memcpy(coll_->send(Slot::Gather, s.index, n * width), local, n * width * sizeof(float));
-    coll_->launch(Slot::Gather, s.index, n * width);
-    const float* g = coll_->finish(Slot::Gather, s.index);
+    gathered_.resize(ctx_.cp_size * n * width);
+    ctx_.cp->all_gather(local, gathered_.data(), n * width, *ctx_.compute);
+    ctx_.compute->synchronize(ctx_.deadline);
     s.global.resize(s.layout.n_tokens * width);
-    rerange(g, ctx_.cp_size, n, width, s.layout.n_tokens, s.global.data());
+    rerange(gathered_.data(), ctx_.cp_size, n, width, s.layout.n_tokens, s.global.data());
     return s.global.data();
 }
 
@@ -117,80 +147,105 @@ void RankRunner::record_hidden(Sub& s, int index) {
     std::memcpy(t.f32() + s.row_offset * width, g, s.layout.n_tokens * width * sizeof(float));
 }
 
-// X: [finish the previous layer's MoE] → attention → launch the MoE-input all-gather.
-void RankRunner::stage_x(Sub& s, int li) {
+void RankRunner::collapse(int si, int li, Site site) {
+    Sub& s = subs_[si];
     const LayerWeights& L = w_.layers[li];
     const int64_t n = s.rows.n(), D = cfg_.d_model;
-    const float eps = float(cfg_.norm_eps);
-    if (li > 0) finish_moe(s, li - 1);
-    ops::mhc_pre(mhc_params(L.hc_attn, cfg_), s.h.data(), n, s.post.data(), s.comb.data(),
-                 s.x.data(), s.mix.data(), s.normed.data(), pool_);
-    ops::rmsnorm(s.x.data(), n, D, L.attn_norm.f32(), eps, s.x.data());
-    // Attention inputs of the KV store: gather launched early, waited after the query work.
-    const int64_t width = packed_widths(cfg_, L.type).total();
-    attn_pack(L, cfg_, ropes_, s.rows, s.x.data(),
-              coll_->send(Slot::AttnGather, s.index, n * width), pool_);
-    coll_->launch(Slot::AttnGather, s.index, n * width);
-    attn_queries(L, cfg_, ropes_, s.rows, s.x.data(), s.attn, pool_);
-    const float* g = coll_->finish(Slot::AttnGather, s.index);
-    s.global.resize(s.layout.n_tokens * width);
-    rerange(g, ctx_.cp_size, n, width, s.layout.n_tokens, s.global.data());
-    for (const Segment& seg : s.batch.segments) {
+    const bool attn = site == Site::Attn;
+    ops::mhc_pre(mhc_params(attn ? L.hc_attn : L.hc_ffn, cfg_), s.h.data(), n, s.post.data(),
+                 s.comb.data(), s.x.data(), s.mix.data(), s.normed.data(), pool_);
+    // The MoE input goes straight into its all-gather's send buffer.
+    float* dst = attn ? s.x.data() : coll_->send(Exchange::MoeInputs, si, n * D);
+    ops::rmsnorm(s.x.data(), n, D, (attn ? L.attn_norm : L.ffn_norm).f32(), float(cfg_.norm_eps),
+                 dst);
+}
+
+void RankRunner::residual(int si, int /*layer*/, Site site) {
+    Sub& s = subs_[si];
+    const float* o = site == Site::Attn
+                         ? s.out.data()
+                         : s.received[static_cast<size_t>(Exchange::MoeSums)];  // [n_local, D]
+    ops::mhc_post(s.post.data(), s.comb.data(), o, cfg_.hc, cfg_.d_model, s.rows.n(), s.h.data(),
+                  pool_);
+}
+
+void RankRunner::attn_pack(int si, int li) {
+    Sub& s = subs_[si];
+    const int64_t n = s.rows.n(), wd = width(Exchange::AttnInputs, li);
+    cpfill::attn_pack(w_.layers[li], cfg_, ropes_, s.rows, s.x.data(),
+                      coll_->send(Exchange::AttnInputs, si, n * wd), pool_);
+}
+
+void RankRunner::attn_queries(int si, int li) {
+    Sub& s = subs_[si];
+    cpfill::attn_queries(w_.layers[li], cfg_, ropes_, s.rows, s.x.data(), s.attn, pool_);
+}
+
+// The gathered attention inputs, rank-major, into batch order, then each segment into its
+// request's KV store.
+void RankRunner::kv_append(int si, int li) {
+    Sub& s = subs_[si];
+    const LayerWeights& L = w_.layers[li];
+    const int64_t n = s.rows.n(), wd = width(Exchange::AttnInputs, li);
+    s.global.resize(s.layout.n_tokens * wd);
+    rerange(s.received[static_cast<size_t>(Exchange::AttnInputs)], ctx_.cp_size, n, wd,
+            s.layout.n_tokens, s.global.data());
+    for (const Segment& seg : s.batch->segments) {
         LayerKv& kv = store_[seg.request][li];
         CPFILL_CHECK(kv.n_tokens == seg.pos0,
                      "request {} layer {}: segment starts at {} but the KV store holds {} tokens",
                      seg.request, li, seg.pos0, kv.n_tokens);
-        kv_append(kv, L, cfg_, ropes_.for_layer(L.type), s.global.data() + seg.row0 * width, width,
-                  seg.len);
+        cpfill::kv_append(kv, L, cfg_, ropes_.for_layer(L.type), s.global.data() + seg.row0 * wd,
+                          wd, seg.len);
     }
-    std::vector<int32_t> topk;
-    if (opt_.record_topk && L.type == AttnType::CSA) topk.resize(n * cfg_.index_topk);
-    attn_output(L, li, cfg_, ropes_, s.rows, store_, s.attn, s.out.data(),
-                topk.empty() ? nullptr : topk.data(), pool_);
-    if (!topk.empty()) {
-        std::vector<float> as_float(topk.begin(), topk.end());
-        const float* gt = gather_rows(s, as_float.data(), cfg_.index_topk);
-        if (collect_) {
-            int32_t* dst = collect_->topk[li].data<int32_t>() + s.row_offset * cfg_.index_topk;
-            for (int64_t i = 0; i < s.layout.n_tokens * cfg_.index_topk; ++i)
-                dst[i] = static_cast<int32_t>(gt[i]);
-        }
-    }
-    ops::mhc_post(s.post.data(), s.comb.data(), s.out.data(), cfg_.hc, D, n, s.h.data(), pool_);
-    // MoE input of the local rows → all-gather (its post/comb stay in s until finish_moe).
-    ops::mhc_pre(mhc_params(L.hc_ffn, cfg_), s.h.data(), n, s.post.data(), s.comb.data(),
-                 s.x.data(), s.mix.data(), s.normed.data(), pool_);
-    float* y = coll_->send(Slot::MoeGather, s.index, n * D);
-    ops::rmsnorm(s.x.data(), n, D, L.ffn_norm.f32(), eps, y);
-    coll_->launch(Slot::MoeGather, s.index, n * D);
 }
 
-// Y: wait for the MoE input of all rows → this rank's expert slices → launch the reduce-scatter.
-void RankRunner::stage_y(Sub& s, int li) {
+void RankRunner::attn_output(int si, int li) {
+    Sub& s = subs_[si];
+    const LayerWeights& L = w_.layers[li];
+    const int64_t n = s.rows.n();
+    std::vector<int32_t> topk;
+    if (opt_.record_topk && L.type == AttnType::CSA) topk.resize(n * cfg_.index_topk);
+    cpfill::attn_output(L, li, cfg_, ropes_, s.rows, store_, s.attn, s.out.data(),
+                        topk.empty() ? nullptr : topk.data(), pool_);
+    if (topk.empty()) return;
+    std::vector<float> as_float(topk.begin(), topk.end());
+    const float* gt = gather_rows(s, as_float.data(), cfg_.index_topk);
+    if (!collect_) return;
+    int32_t* dst = collect_->topk[li].data<int32_t>() + s.row_offset * cfg_.index_topk;
+    for (int64_t i = 0; i < s.layout.n_tokens * cfg_.index_topk; ++i)
+        dst[i] = static_cast<int32_t>(gt[i]);
+}
+
+// This rank's expert slices over the MoE input of all rows → its partial sums, into the
+// reduce-scatter's send buffer.
+void RankRunner::moe_experts(int si, int li) {
+    Sub& s = subs_[si];
     const LayerWeights& L = w_.layers[li];
     const int64_t n = s.rows.n(), D = cfg_.d_model, all = s.layout.padded;
-    const float* y_all = coll_->finish(Slot::MoeGather, s.index);  // [padded, D] rank-major
-    float* partial = coll_->send(Slot::MoeScatter, s.index, n * D);
+    const float* y_all = s.received[static_cast<size_t>(Exchange::MoeInputs)];  // [padded, D]
+    float* partial = coll_->send(Exchange::MoeSums, si, n * D);
     std::vector<int32_t> routes(opt_.record_topk && collect_ ? all * cfg_.top_k : 0);
     moe_forward(L.moe, L.mlp, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_,
                 routes.empty() ? nullptr : routes.data());
-    if (!routes.empty()) {  // rank-major rows → batch order (token t is row (t % C) · n + t / C)
-        const int64_t C = s.layout.cp_size, K = cfg_.top_k;
-        int32_t* dst = collect_->routes[li].data<int32_t>() + s.row_offset * K;
-        for (int64_t t = 0; t < s.layout.n_tokens; ++t)
-            std::copy_n(routes.data() + ((t % C) * n + t / C) * K, K, dst + t * K);
-    }
-    coll_->launch(Slot::MoeScatter, s.index, n * D);
+    if (routes.empty()) return;
+    // rank-major rows → batch order (token t is row (t % C) · n + t / C)
+    const int64_t C = s.layout.cp_size, K = cfg_.top_k;
+    int32_t* dst = collect_->routes[li].data<int32_t>() + s.row_offset * K;
+    for (int64_t t = 0; t < s.layout.n_tokens; ++t)
+        std::copy_n(routes.data() + ((t % C) * n + t / C) * K, K, dst + t * K);
 }
 
-void RankRunner::finish_moe(Sub& s, int li) {
-    const float* f = coll_->finish(Slot::MoeScatter, s.index);  // [n_local, D], summed
-    ops::mhc_post(s.post.data(), s.comb.data(), f, cfg_.hc, cfg_.d_model, s.rows.n(), s.h.data(),
-                  pool_);
-    record_hidden(s, li + 1);
+void RankRunner::start(Exchange e, int si, int li) {
+    coll_->launch(e, si, subs_[si].rows.n() * width(e, li));
 }
 
-void RankRunner::head(Sub& s, const std::vector<std::vector<int32_t>>& requests) {
+void RankRunner::wait(Exchange e, int si, int /*layer*/) {
+    subs_[si].received[static_cast<size_t>(e)] = coll_->finish(e, si);
+}
+
+void RankRunner::head(int si) {
+    Sub& s = subs_[si];
     const int64_t n = s.rows.n(), D = cfg_.d_model, V = cfg_.vocab_size;
     std::vector<float> z(n * D);
     ops::mhc_head(w_.hc_head_fn.f32(), w_.hc_head_base.f32(), w_.hc_head_scale.f32(), cfg_.hc, D,
@@ -203,35 +258,14 @@ void RankRunner::head(Sub& s, const std::vector<std::vector<int32_t>>& requests)
     if (opt_.record_hidden)
         std::memcpy(out.hidden.back().f32() + s.row_offset * D, zg,
                     s.layout.n_tokens * D * sizeof(float));
-    for (const Segment& seg : s.batch.segments) {
-        const int64_t len = static_cast<int64_t>(requests[seg.request].size());
+    for (const Segment& seg : s.batch->segments) {
+        const int64_t len = static_cast<int64_t>((*requests_)[seg.request].size());
         const bool last = seg.pos0 + seg.len == len;
         if (!opt_.all_logits && !last) continue;
         const int64_t first = opt_.all_logits ? 0 : seg.len - 1;
         float* dst = out.logits[seg.request].f32() + (opt_.all_logits ? seg.pos0 * V : 0);
         ops::linear(pool_, zg + (seg.row0 + first) * D, seg.len - first, D, w_.head.f32(), V, dst);
     }
-}
-
-void RankRunner::run_batch(const Batch& batch, int64_t row_offset, bool tbo,
-                           const std::vector<std::vector<int32_t>>& requests) {
-    coll_ = std::make_unique<SplitCollectives>(ctx_, tbo);
-    std::vector<Sub> subs(tbo ? 2 : 1);
-    if (tbo) {
-        auto [a, b] = split_in_two(batch);
-        const int64_t na = a.n_tokens();
-        init_sub(subs[0], std::move(a), 0, row_offset);
-        init_sub(subs[1], std::move(b), 1, row_offset + na);
-    } else {
-        init_sub(subs[0], batch, 0, row_offset);
-    }
-    for (Sub& s : subs) record_hidden(s, 0);
-    for (int li = 0; li < cfg_.n_layers; ++li) {
-        for (Sub& s : subs) stage_x(s, li);
-        for (Sub& s : subs) stage_y(s, li);
-    }
-    for (Sub& s : subs) finish_moe(s, cfg_.n_layers - 1);
-    for (Sub& s : subs) head(s, requests);
 }
 
 }  // namespace
@@ -276,8 +310,10 @@ double gpu_tbo_gain_seconds(const ModelConfig& cfg, int64_t n_tokens, int cp,
     const double share = double(cp - 1) / cp;  // of each gathered / scattered byte that moves
     double gain = 0;
     for (int li = 0; li < cfg.n_layers; ++li) {
-        // bf16 rows per token: packed attention inputs, MoE input, MoE partial sums.
-        const int64_t widths = packed_widths(cfg, cfg.layer_types[li]).total() + 2 * cfg.d_model;
+        // bf16 values per token of the layer's exchanges (exchange_plan.h).
+        int64_t widths = 0;
+        for (Exchange e : {Exchange::AttnInputs, Exchange::MoeInputs, Exchange::MoeSums})
+            widths += exchange_width(cfg, cfg.layer_types[li], e);
         const double comm = double(widths) * 2 * n_tokens * share / (m.busbw_gbps * 1e9);
         const double split = 2.0 * cfg.n_experts * m.split_overhead_s;  // w13 and w2 per expert
         gain += comm - split;
@@ -297,17 +333,11 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
                  "cp size {} but weights for {} ranks", C, rank_weights.size());
     const ModelConfig& cfg = rank_weights[0]->cfg;
     validate_requests(requests, cfg.vocab_size);
-    const std::vector<Batch> chunks = make_chunks(requests, opt.chunk);
+    const RunPlan plan = make_run_plan(requests, cfg, C, opt.tbo, opt.chunk, tbo_pays);
     PrefillOutput out =
         make_prefill_output(cfg, requests, opt.all_logits, opt.record_hidden, opt.record_topk);
-    if (chunks.size() > 1) out.chunk = opt.chunk;
-    std::vector<bool> tbo(chunks.size());
-    for (size_t c = 0; c < chunks.size(); ++c) {
-        tbo[c] = opt.tbo == TboMode::On ||
-                 (opt.tbo == TboMode::Auto && tbo_pays(cfg, chunks[c].n_tokens(), C));
-        if (tbo[c] && chunks[c].n_tokens() < 2) tbo[c] = false;  // nothing to split
-        out.tbo_used = out.tbo_used || tbo[c];
-    }
+    if (plan.chunks.size() > 1) out.chunk = opt.chunk;
+    out.tbo_used = plan.tbo();
 
     ops::set_blas_threads(1);  // parallelism comes from the ranks' pools (ops/linear.h)
     auto comms = make_local_communicators(C, opt.comm);
@@ -328,11 +358,7 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
                 ThreadPool pool(std::max(1, total_threads / C));
                 RankRunner runner(ctx, *rank_weights[r], opt, pool,
                                   static_cast<int>(requests.size()), r == 0 ? &out : nullptr);
-                int64_t offset = 0;
-                for (size_t c = 0; c < chunks.size(); ++c) {
-                    runner.run_batch(chunks[c], offset, tbo[c], requests);
-                    offset += chunks[c].n_tokens();
-                }
+                runner.run(plan);
                 comm.synchronize(opt.comm.deadline);
                 if (r == 0) out.kv = std::move(runner.store());
             } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "model/cuda/gpu_attention.h"
+#include "model/kv_store.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/compressor.h"
 #include "ops/cuda/fp8.h"
@@ -60,19 +61,11 @@ void gpu_linear(const GpuCtx& c, const GpuMatrix& w, const bf16* x, int64_t ldx,
                    w.blocks(), w.rows, y_bf16, y_f32, ldy, c.stream);
 }
 
-int64_t packed_width(const ModelConfig& cfg, AttnType t) {
-    int64_t w = cfg.head_dim;
-    if (t == AttnType::HCA) w += 2 * int64_t{cfg.head_dim};
-    if (t == AttnType::CSA)
-        w += 2 * (2 * int64_t{cfg.head_dim}) + 2 * (2 * int64_t{cfg.index_head_dim});
-    return w;
-}
-
 void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
                    const bf16* xn, bf16* packed, GpuAttnScratch& s) {
     const ModelConfig& cfg = W.cfg;
     const int64_t n = rows.n, D = cfg.d_model, d = cfg.head_dim;
-    const int64_t ld = packed_width(cfg, L.type);
+    const int64_t ld = packed_widths(cfg, L.type).total();
     c.phase(Phase::Attention);
     // Window key: rope(kv_norm(x · wkv)), then into column 0 of the packed rows.
     linear(c, xn, n, L.wkv, s.key, d);

@@ -59,10 +59,8 @@ struct GpuAttnScratch {
 void gpu_linear(const GpuCtx& c, const GpuMatrix& w, const bf16* x, int64_t ldx, int64_t n,
                 bf16* y_bf16, float* y_f32, int64_t ldy);
 
-// Packed row widths [key | C | Z | C_idx | Z_idx] (the CPU backend's packed_widths).
-int64_t packed_width(const ModelConfig& cfg, AttnType t);
-
-// xn bf16 [n, d_model] (normed) → packed bf16 [n, packed_width].
+// xn bf16 [n, d_model] (normed) → packed bf16 [n, packed_widths(cfg, L.type).total()] (kv_store.h:
+// [key | C | Z | C_idx | Z_idx], as the CPU backend packs them).
 void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const GpuRows& rows,
                    const bf16* xn, bf16* packed, GpuAttnScratch& s);
 // xn → s.q (RoPE'd), and for CSA s.qI, s.wI.

@@ -375,7 +375,7 @@ int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
                int64_t chunk, size_t capacity) {
     for (int c = 1; c <= 64; ++c) {
         if (cfg.moe_dim < c) break;
-        const cuda::RunPlan p = cuda::make_run_plan(requests, cfg, c, opt.tbo, chunk);
+        const RunPlan p = make_run_plan(requests, cfg, c, opt.tbo, chunk, gpu_tbo_rule);
         const ExpertSlice widest = widest_slice(cfg.moe_dim, c);
         const int64_t width = slice_width(cfg.moe_dim, widest);
         const cuda::WeightNeeds needs = cuda::needs_of(cfg, widest, format);
@@ -404,7 +404,7 @@ size_t memory_capacity(GpuGroup::Impl& g, const GpuRunOptions& opt) {
 
 // Empty when the plan's workspace fits on every local GPU (with 512 MiB kept for cuBLAS, NCCL
 // and CUB), else what is missing, in words.
-std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const cuda::RunPlan& plan,
+std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const RunPlan& plan,
                              const GpuRunOptions& opt) {
     for (auto& r : g.ranks) {
         const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, r->weights->width, opt,
@@ -447,11 +447,11 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     // differ between processes: there the plan is the one asked for, and the error names the
     // --chunk that would fit.
     const bool one_process = g.ranks.size() == static_cast<size_t>(C);
-    cuda::RunPlan plan = cuda::make_run_plan(requests, cfg, C, opt.tbo, opt.chunk);
+    RunPlan plan = make_run_plan(requests, cfg, C, opt.tbo, opt.chunk, gpu_tbo_rule);
     std::string short_of = memory_shortfall(g, cfg, plan, opt);
     int64_t fitting_chunk = 0;
     if (!short_of.empty() && one_process && opt.tbo == TboMode::Auto && !plan.tbo()) {
-        cuda::RunPlan split = cuda::make_run_plan(requests, cfg, C, TboMode::On, opt.chunk);
+        RunPlan split = make_run_plan(requests, cfg, C, TboMode::On, opt.chunk, gpu_tbo_rule);
         if (split.tbo() && memory_shortfall(g, cfg, split, opt).empty()) {
             plan = std::move(split);
             short_of.clear();
@@ -463,7 +463,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
         int64_t chunk = kMinAutoChunk;
         while (chunk * 2 < std::min(total, opt.chunk > 0 ? opt.chunk : total)) chunk *= 2;
         for (; chunk >= kMinAutoChunk; chunk /= 2) {
-            cuda::RunPlan chunked = cuda::make_run_plan(requests, cfg, C, opt.tbo, chunk);
+            RunPlan chunked = make_run_plan(requests, cfg, C, opt.tbo, chunk, gpu_tbo_rule);
             if (memory_shortfall(g, cfg, chunked, opt).empty()) {
                 fitting_chunk = chunk;
                 if (opt.chunk == 0 && one_process) {
@@ -540,7 +540,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
     GpuRunOptions opt;
     opt.tbo = tbo ? TboMode::On : TboMode::Off;
     opt.all_logits = all_logits;
-    const cuda::RunPlan plan = cuda::make_run_plan(reqs, cfg, cp, opt.tbo, chunk);
+    const RunPlan plan = make_run_plan(reqs, cfg, cp, opt.tbo, chunk, gpu_tbo_rule);
     const ExpertSlice widest = widest_slice(cfg.moe_dim, cp);
     const int64_t width = slice_width(cfg.moe_dim, widest);
     GpuMemoryPlan p;

@@ -15,6 +15,8 @@
 #include "ops/cuda/rows.h"
 #include "parallel/cuda/gpu_runner.h"
 #include "parallel/cuda/gpu_workspace.h"
+#include "parallel/engine.h"
+#include "parallel/exchange_plan.h"
 #include "parallel/layout.h"
 #include "runtime/cuda/cuda_check.h"
 
@@ -75,7 +77,7 @@ void bf16_to_f32_n(const uint16_t* src, int64_t n, float* dst) {
     for (int64_t i = 0; i < n; ++i) dst[i] = cpfill::bf16_to_f32(src[i]);
 }
 
-class Runner {
+class Runner final : public RankBackend {
   public:
     Runner(RankDevice& dev, const RunPlan& plan, const GpuRunOptions& opt, const AbortFlag& flag,
            std::chrono::milliseconds deadline, PrefillOutput* out)
@@ -100,22 +102,33 @@ class Runner {
     }
     void run(GpuStats* stats);
 
+    // RankBackend (parallel/engine.h)
+    void begin_chunk(const ChunkPlan& chunk) override;
+    void embedded(int s) override;
+    void begin_layer(int layer) override;
+    void begin_head() override { timer_.mark_layer(dev_.compute); }
+    void head(int s) override;
+    void end_chunk() override { timer_.end(dev_.compute); }
+    // BlockOps (model/decoder_block.h)
+    void collapse(int s, int layer, Site site) override;
+    void residual(int s, int layer, Site site) override;
+    void attn_pack(int s, int layer) override;
+    void attn_queries(int s, int layer) override;
+    void kv_append(int s, int layer) override;
+    void attn_output(int s, int layer) override;
+    void moe_route(int s, int layer) override;
+    void moe_experts(int s, int layer) override;
+    void start(Exchange e, int s, int layer) override;
+    void wait(Exchange e, int s, int layer) override;
+    void layer_done(int s, int layer) override;
+
   private:
     void setup();
-    void setup_chunk(const ChunkPlan& chunk);
-    void run_chunk();
-    void stage_x(SubState& s, int li);
-    void stage_y(SubState& s, int li);
-    void finish_moe(SubState& s, int li);
-    void start_route(SubState& s, int li);
-    void head(SubState& s);
     oc::MhcDeviceParams mhc_params(const GpuMhc& m) const {
         return {
             m.fn.as<float>(), m.base.as<float>(),     m.scale.as<float>(), cfg_.hc,
             cfg_.d_model,     cfg_.hc_sinkhorn_iters, float(cfg_.hc_eps),  float(cfg_.norm_eps)};
     }
-    void launch(Slot k, SubState& s, int64_t count, ncclDataType_t type);
-    void finish(Slot k, SubState& s);
     void record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
                      bool widen_bf16);
     void record_kv_tails(SubState& s, int li, const bf16* stage);
@@ -133,7 +146,7 @@ class Runner {
     Dims dims_;
     GpuCtx ctx_, route_ctx_;
     Workspace ws_;
-    std::array<std::array<CudaEvent, 2>, kSlots> ready_, done_;  // per (slot, sub-batch)
+    std::array<std::array<CudaEvent, 2>, kExchanges> ready_, done_;  // per (exchange, sub-batch)
     std::array<CudaEvent, 2> mark_, routed_;  // per sub-batch: compute point, routing done
     double arena_seconds_ = 0;                // growing the arena (GpuStats::arena_seconds)
 };
@@ -166,7 +179,7 @@ void Runner::setup() {
 
 // The chunk's sub-batches into the sub-batch states: layouts, positions, tokens, embeddings (the
 // buffers, sized for the largest chunk, stay).
-void Runner::setup_chunk(const ChunkPlan& chunk) {
+void Runner::begin_chunk(const ChunkPlan& chunk) {
     chunk_ = &chunk;
     const int C = dev_.cp, r = dev_.rank;
     const cudaStream_t st = dev_.compute;
@@ -204,62 +217,99 @@ void Runner::setup_chunk(const ChunkPlan& chunk) {
     }
 }
 
-void Runner::launch(Slot k, SubState& s, int64_t count, ncclDataType_t type) {
+// An exchange's collective: on the compute stream without TBO; with TBO on the comm stream
+// through the duplicate communicator, after the compute stream's point where its send buffer was
+// written.
+void Runner::start(Exchange e, int si, int li) {
     if (opt_.no_comm) return;
+    SubState& s = ws_.subs[si];
+    const size_t k = slot(e);
+    const int64_t count = s.n * exchange_width(cfg_, W_.layers[li].type, e);
     const void* send = s.send[k];
     void* recv = s.recv[k];
-    const bool scatter = k == kScatter;
+    const bool scatter = collective_of(e) == Collective::ReduceScatter;
     if (!chunk_->tbo) {
         ctx_.phase(Phase::Collectives);
         if (scatter)
-            dev_.cp_comm->reduce_scatter(send, recv, count, type, dev_.compute);
+            dev_.cp_comm->reduce_scatter(send, recv, count, ncclBfloat16, dev_.compute);
         else
-            dev_.cp_comm->all_gather(send, recv, count, type, dev_.compute);
+            dev_.cp_comm->all_gather(send, recv, count, ncclBfloat16, dev_.compute);
         return;
     }
-    ready_[k][s.index].record(dev_.compute);
-    ready_[k][s.index].make_wait(dev_.comm);
+    ready_[k][si].record(dev_.compute);
+    ready_[k][si].make_wait(dev_.comm);
     if (scatter)
-        dev_.overlap->reduce_scatter(send, recv, count, type, dev_.comm);
+        dev_.overlap->reduce_scatter(send, recv, count, ncclBfloat16, dev_.comm);
     else
-        dev_.overlap->all_gather(send, recv, count, type, dev_.comm);
-    done_[k][s.index].record(dev_.comm);
+        dev_.overlap->all_gather(send, recv, count, ncclBfloat16, dev_.comm);
+    done_[k][si].record(dev_.comm);
 }
 
-void Runner::finish(Slot k, SubState& s) {
+void Runner::wait(Exchange e, int si, int /*layer*/) {
     if (opt_.no_comm || !chunk_->tbo) return;
     ctx_.phase(Phase::Collectives);
-    done_[k][s.index].make_wait(dev_.compute);
+    done_[slot(e)][si].make_wait(dev_.compute);
 }
 
-// X: [finish the previous layer's MoE] → attention → launch the MoE-input all-gather.
-void Runner::stage_x(SubState& s, int li) {
-    const GpuLayer& L = W_.layers[li];
-    const cudaStream_t st = dev_.compute;
-    const int64_t n = s.n, D = cfg_.d_model;
-    const float eps = float(cfg_.norm_eps);
-
-    if (li > 0) finish_moe(s, li - 1);
+void Runner::begin_layer(int li) {
+    timer_.mark_layer(dev_.compute);
     CPFILL_CHECK(!(opt_.fail_rank == dev_.rank && li == 1),
                  "injected fault (GpuRunOptions::fail_rank) at layer {}", li);
+}
+
+// The attention site's post / comb are shared scratch (a sub-batch's attention stage uses them
+// from its collapse to its residual update); the MoE site's live in the sub-batch from its
+// attention stage to its moe_finish.
+void Runner::collapse(int si, int li, Site site) {
+    SubState& s = ws_.subs[si];
+    const GpuLayer& L = W_.layers[li];
+    const cudaStream_t st = dev_.compute;
+    const bool attn = site == Site::Attn;
     ctx_.phase(Phase::Other);
-    oc::mhc_pre(mhc_params(L.hc_attn), s.h, n, ws_.post_attn, ws_.comb_attn, ws_.x, *dev_.gemm,
-                ws_.mixes, st);
-    oc::rmsnorm(ws_.x, n, D, L.attn_norm.as<float>(), eps, ws_.x, st);
-    const int64_t width = packed_width(cfg_, L.type);
-    gpu_attn_pack(ctx_, W_, L, s.grows, ws_.x, s.send[kAttn], ws_.attn);
-    launch(kAttn, s, n * width, ncclBfloat16);
-    gpu_attn_queries(ctx_, W_, L, s.grows, ws_.x, ws_.attn);
-    finish(kAttn, s);
+    oc::mhc_pre(mhc_params(attn ? L.hc_attn : L.hc_ffn), s.h, s.n, attn ? ws_.post_attn : s.post,
+                attn ? ws_.comb_attn : s.comb, ws_.x, *dev_.gemm, ws_.mixes, st);
+    // The MoE input goes straight into its all-gather's send buffer.
+    oc::rmsnorm(ws_.x, s.n, cfg_.d_model, (attn ? L.attn_norm : L.ffn_norm).as<float>(),
+                float(cfg_.norm_eps), attn ? ws_.x : s.send[slot(Exchange::MoeInputs)], st);
+}
+
+void Runner::residual(int si, int /*layer*/, Site site) {
+    SubState& s = ws_.subs[si];
+    ctx_.phase(Phase::Other);
+    if (site == Site::Attn)
+        oc::mhc_post(ws_.post_attn, ws_.comb_attn, ws_.attn_out, cfg_.hc, cfg_.d_model, s.n, s.h,
+                     dev_.compute);
+    else
+        oc::mhc_post(s.post, s.comb, s.recv[slot(Exchange::MoeSums)], cfg_.hc, cfg_.d_model, s.n,
+                     s.h, dev_.compute);
+}
+
+void Runner::attn_pack(int si, int li) {
+    SubState& s = ws_.subs[si];
+    gpu_attn_pack(ctx_, W_, W_.layers[li], s.grows, ws_.x, s.send[slot(Exchange::AttnInputs)],
+                  ws_.attn);
+}
+
+void Runner::attn_queries(int si, int li) {
+    gpu_attn_queries(ctx_, W_, W_.layers[li], ws_.subs[si].grows, ws_.x, ws_.attn);
+}
+
+// The gathered attention inputs, rank-major, into the staging buffer in batch order, then each
+// segment into its request's KV store. With chunks, the rows before row 0 hold the last rows of
+// the chunk before (this layer's): a request continued here may pool windows that began there.
+void Runner::kv_append(int si, int li) {
+    SubState& s = ws_.subs[si];
+    const GpuLayer& L = W_.layers[li];
+    const cudaStream_t st = dev_.compute;
     ctx_.phase(Phase::Attention);
+    const int64_t width = exchange_width(cfg_, L.type, Exchange::AttnInputs);
     const int64_t ld = dims_.w_max, carry = dims_.carry;
-    // With chunks, the rows before row 0 hold the last rows of the chunk before (this layer's):
-    // a request continued here may pool windows that began there.
     if (carry > 0 && s.index == 0)
         CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.staging - carry * ld, ws_.carry[li],
                                           carry * ld * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
     bf16* stage = ws_.staging + s.row_offset * ld;
-    oc::rerange_rows(s.recv[kAttn], dev_.cp, n, width * 2, s.layout.n_tokens, stage, ld * 2, st);
+    oc::rerange_rows(s.recv[slot(Exchange::AttnInputs)], dev_.cp, s.n, width * 2, s.layout.n_tokens,
+                     stage, ld * 2, st);
     for (const Segment& seg : s.batch->segments) {
         // Rows of the request before the segment that the staging buffer holds: the chunk's
         // earlier rows (the other sub-batch's) and the carried ones.
@@ -274,39 +324,38 @@ void Runner::stage_x(SubState& s, int li) {
                                           carry * ld * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
     }
     if (opt_.record_kv && out_) record_kv_tails(s, li, stage);
+}
+
+void Runner::attn_output(int si, int li) {
+    SubState& s = ws_.subs[si];
+    const GpuLayer& L = W_.layers[li];
     gpu_attn_output(ctx_, W_, L, li, s.grows, ws_.kv, ws_.attn, ws_.attn_out);
     if (opt_.record_topk && L.type == AttnType::CSA)
         record_rows(s, ws_.attn.topk, cfg_.index_topk, 4, out_ ? &out_->topk[li] : nullptr, false);
-    ctx_.phase(Phase::Other);
-    oc::mhc_post(ws_.post_attn, ws_.comb_attn, ws_.attn_out, cfg_.hc, D, n, s.h, st);
-    oc::mhc_pre(mhc_params(L.hc_ffn), s.h, n, s.post, s.comb, ws_.x, *dev_.gemm, ws_.mixes, st);
-    oc::rmsnorm(ws_.x, n, D, L.ffn_norm.as<float>(), eps, s.send[kMoeGather], st);
-    launch(kMoeGather, s, n * D, ncclBfloat16);
-    start_route(s, li);
 }
 
 // Routing of sub-batch s on the router stream, as soon as its MoE input has arrived: after this
 // point of the compute stream (Y of the previous layer has read the routing buffers) and after the
 // gather (on the comm stream with TBO, else in compute order).
-void Runner::start_route(SubState& s, int li) {
-    mark_[s.index].record(dev_.compute);
-    mark_[s.index].make_wait(dev_.route);
-    if (chunk_->tbo && !opt_.no_comm) done_[kMoeGather][s.index].make_wait(dev_.route);
-    gpu_moe_route(route_ctx_, W_, W_.layers[li], s.recv[kMoeGather], s.tokens_rm, s.padded,
-                  s.route);
-    routed_[s.index].record(dev_.route);
+void Runner::moe_route(int si, int li) {
+    SubState& s = ws_.subs[si];
+    mark_[si].record(dev_.compute);
+    mark_[si].make_wait(dev_.route);
+    if (chunk_->tbo && !opt_.no_comm) done_[slot(Exchange::MoeInputs)][si].make_wait(dev_.route);
+    gpu_moe_route(route_ctx_, W_, W_.layers[li], s.recv[slot(Exchange::MoeInputs)], s.tokens_rm,
+                  s.padded, s.route);
+    routed_[si].record(dev_.route);
 }
 
-// Y: wait for the MoE input of all rows → this rank's expert slices → launch the reduce-scatter.
-void Runner::stage_y(SubState& s, int li) {
-    finish(kMoeGather, s);
+// This rank's expert slices over every row into the reduce-scatter's send buffer.
+void Runner::moe_experts(int si, int li) {
+    SubState& s = ws_.subs[si];
     // The expert GEMMs are sized from the counts: the host waits for the router stream only.
-    wait_event(routed_[s.index].native(), *ctx_.flag, ctx_.deadline, "MoE routing");
+    wait_event(routed_[si].native(), *ctx_.flag, ctx_.deadline, "MoE routing");
     ctx_.phase(Phase::Moe);
-    routed_[s.index].make_wait(dev_.compute);
-    gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], s.recv[kMoeGather], s.padded, s.route,
-                    ws_.moe, s.send[kScatter]);
-    launch(kScatter, s, s.n * cfg_.d_model, ncclBfloat16);
+    routed_[si].make_wait(dev_.compute);
+    gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], s.recv[slot(Exchange::MoeInputs)],
+                    s.padded, s.route, ws_.moe, s.send[slot(Exchange::MoeSums)]);
     if (opt_.record_topk && out_) record_routes(s, li);
 }
 
@@ -323,12 +372,15 @@ void Runner::record_routes(SubState& s, int li) {
         std::copy_n(host.data() + ((t % C) * s.n + t / C) * K, K, dst + t * K);
 }
 
-void Runner::finish_moe(SubState& s, int li) {
-    finish(kScatter, s);
-    ctx_.phase(Phase::Other);
-    oc::mhc_post(s.post, s.comb, s.recv[kScatter], cfg_.hc, cfg_.d_model, s.n, s.h, dev_.compute);
+void Runner::embedded(int si) {
     if (opt_.record_hidden)
-        record_rows(s, s.h, int64_t{cfg_.hc} * cfg_.d_model, 4,
+        record_rows(ws_.subs[si], ws_.subs[si].h, int64_t{cfg_.hc} * cfg_.d_model, 4,
+                    out_ ? &out_->hidden[0] : nullptr, false);
+}
+
+void Runner::layer_done(int si, int li) {
+    if (opt_.record_hidden)
+        record_rows(ws_.subs[si], ws_.subs[si].h, int64_t{cfg_.hc} * cfg_.d_model, 4,
                     out_ ? &out_->hidden[li + 1] : nullptr, false);
 }
 
@@ -434,7 +486,8 @@ void Runner::download_kv() {
         }
 }
 
-void Runner::head(SubState& s) {
+void Runner::head(int si) {
+    SubState& s = ws_.subs[si];
     const cudaStream_t st = dev_.compute;
     const int64_t n = s.n, D = cfg_.d_model, V = cfg_.vocab_size;
     const int C = dev_.cp, r = dev_.rank;
@@ -490,30 +543,9 @@ void Runner::head(SubState& s) {
     }
 }
 
-// One chunk through every layer and the head.
-void Runner::run_chunk() {
-    const size_t n_subs = chunk_->subs.size();
-    if (opt_.record_hidden)
-        for (size_t i = 0; i < n_subs; ++i)
-            record_rows(ws_.subs[i], ws_.subs[i].h, int64_t{cfg_.hc} * cfg_.d_model, 4,
-                        out_ ? &out_->hidden[0] : nullptr, false);
-    for (int li = 0; li < cfg_.n_layers; ++li) {
-        timer_.mark_layer(dev_.compute);
-        for (size_t i = 0; i < n_subs; ++i) stage_x(ws_.subs[i], li);
-        for (size_t i = 0; i < n_subs; ++i) stage_y(ws_.subs[i], li);
-    }
-    for (size_t i = 0; i < n_subs; ++i) finish_moe(ws_.subs[i], cfg_.n_layers - 1);
-    timer_.mark_layer(dev_.compute);
-    for (size_t i = 0; i < n_subs; ++i) head(ws_.subs[i]);
-    timer_.end(dev_.compute);
-}
-
 void Runner::run(GpuStats* stats) {
     setup();
-    for (const ChunkPlan& c : plan_.chunks) {
-        setup_chunk(c);
-        run_chunk();
-    }
+    run_plan(*this, plan_, cfg_.n_layers);
     wait_stream(dev_.compute, *ctx_.flag, ctx_.deadline, "the prefill");
     wait_stream(dev_.comm, *ctx_.flag, ctx_.deadline, "the comm stream");
     wait_stream(dev_.route, *ctx_.flag, ctx_.deadline, "the router stream");

@@ -1,8 +1,8 @@
-// One CP rank of the GPU prefill (the CUDA twin of cp_prefill.cpp's RankRunner): the rank's
-// persistent device state (streams, communicators, cuBLASLt context, weights, workspace arena)
-// and one run over a batch — sub-batches with their own round-robin layouts, the stages X
-// (attention, launch the MoE-input all-gather) and Y (MoE, launch the reduce-scatter) in the TBO
-// order X(a) X(b) Y(a) Y(b), split-phase collectives on the comm stream, and the head.
+// One CP rank of the GPU prefill: the rank's persistent device state (streams, communicators,
+// cuBLASLt context, weights, workspace arena) and one run of a plan, as the CUDA backend of the
+// one engine (parallel/engine.h; the CPU ranks' backend is cp_prefill.cpp's): the block's ops on
+// bf16 rows and the fp32 residual, the exchanges as NCCL collectives (split-phase on the comm
+// stream with two-batch overlap), the head.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +15,7 @@
 #include "model/cuda/gpu_moe.h"
 #include "model/cuda/gpu_weights.h"
 #include "parallel/gpu_prefill.h"
+#include "parallel/run_plan.h"
 #include "runtime/cuda/arena.h"
 #include "runtime/cuda/nccl_comm.h"
 #include "runtime/cuda/stream.h"
@@ -55,30 +56,6 @@ struct RankDevice {
     void alloc_host_counts(int n_experts);
     ~RankDevice();
 };
-
-// One chunk of a run (the whole batch when not chunked): its token stream cut into 1 or 2
-// sub-batches. Segments of a request that began in an earlier chunk continue it through the KV
-// store (docs/parallel.md, "Chunked prefill on GPUs").
-struct ChunkPlan {
-    Batch batch;
-    int64_t stream_row0 = 0;  // first row of the chunk in the whole token stream
-    bool tbo = false;
-    std::vector<Batch> subs;          // 1 or 2 sub-batches
-    std::vector<int64_t> row_offset;  // first row of each sub-batch in the chunk
-};
-
-// Everything one run needs to know besides the weights: the requests and the schedule.
-struct RunPlan {
-    std::vector<std::vector<int32_t>> const* requests = nullptr;
-    int64_t n_tokens = 0;
-    int64_t chunk = 0;  // tokens per chunk (0: one pass)
-    std::vector<ChunkPlan> chunks;
-    bool tbo() const;  // whether any chunk splits in two
-};
-// chunk > 0: chunks of at most `chunk` tokens of the flattened stream (make_chunks), each with
-// its own TBO decision; otherwise one pass.
-RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
-                      int cp, TboMode tbo, int64_t chunk = 0);
 
 // Device bytes of the workspace a run of `plan` needs on one rank (the arena's size).
 struct WeightNeeds;

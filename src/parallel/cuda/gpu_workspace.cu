@@ -1,7 +1,8 @@
-// The workspace plan: make_run_plan, the sizes of one run (dims_of), carve, and the byte counts of
+// The workspace plan: the sizes of one run (dims_of), carve, and the byte counts of
 // the memory plan (workspace_bytes, weight_bytes).
 #include <algorithm>
 
+#include "model/kv_store.h"
 #include "ops/cuda/fp4.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
@@ -11,46 +12,9 @@ namespace cpfill::cuda {
 
 namespace oc = ops::cuda;
 
-bool RunPlan::tbo() const {
-    return std::any_of(chunks.begin(), chunks.end(), [](const ChunkPlan& c) { return c.tbo; });
-}
-
-RunPlan make_run_plan(const std::vector<std::vector<int32_t>>& requests, const ModelConfig& cfg,
-                      int cp, TboMode tbo, int64_t chunk) {
-    RunPlan p;
-    p.requests = &requests;
-    p.chunk = chunk > 0 ? chunk : 0;
-    std::vector<Batch> batches;
-    if (p.chunk > 0)
-        batches = make_chunks(requests, p.chunk);
-    else
-        batches.push_back(make_batch(requests, cfg.vocab_size));
-    if (batches.size() == 1) p.chunk = 0;  // one chunk is one pass
-    for (Batch& b : batches) {
-        ChunkPlan c;
-        c.stream_row0 = p.n_tokens;
-        const int64_t T = b.n_tokens();
-        p.n_tokens += T;
-        c.tbo = tbo == TboMode::On || (tbo == TboMode::Auto && gpu_tbo_pays(cfg, T, cp));
-        if (T < 2) c.tbo = false;
-        if (c.tbo) {
-            auto [x, y] = split_in_two(b);
-            c.row_offset = {0, x.n_tokens()};
-            c.subs.push_back(std::move(x));
-            c.subs.push_back(std::move(y));
-        } else {
-            c.subs.push_back(b);
-            c.row_offset = {0};
-        }
-        c.batch = std::move(b);
-        p.chunks.push_back(std::move(c));
-    }
-    return p;
-}
-
 int64_t max_packed_width(const ModelConfig& cfg) {
     int64_t w = 0;
-    for (AttnType t : cfg.layer_types) w = std::max(w, packed_width(cfg, t));
+    for (AttnType t : cfg.layer_types) w = std::max(w, packed_widths(cfg, t).total());
     return w;
 }
 
@@ -114,12 +78,13 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         s.pos = a.template take<int64_t>(n);
         s.tokens_rm = a.template take<int32_t>(P);
         s.tokens_local = a.template take<int32_t>(n);
-        s.send[kAttn] = a.template take<bf16>(n * d.w_max);
-        s.recv[kAttn] = a.template take<bf16>(P * d.w_max);
-        s.send[kMoeGather] = a.template take<bf16>(n * D);
-        s.recv[kMoeGather] = a.template take<bf16>(P * D);
-        s.send[kScatter] = a.template take<bf16>(P * D);
-        s.recv[kScatter] = a.template take<bf16>(n * D);
+        for (Exchange e : {Exchange::AttnInputs, Exchange::MoeInputs, Exchange::MoeSums}) {
+            int64_t width = 0;  // the widest layer's
+            for (AttnType t : cfg.layer_types) width = std::max(width, exchange_width(cfg, t, e));
+            const bool gather = collective_of(e) == Collective::AllGather;
+            s.send[slot(e)] = a.template take<bf16>((gather ? n : P) * width);
+            s.recv[slot(e)] = a.template take<bf16>((gather ? P : n) * width);
+        }
         GpuRouteScratch& r = s.route;
         r.logits = a.template take<float>(P * E);
         r.hash = a.template take<int64_t>(P * K);

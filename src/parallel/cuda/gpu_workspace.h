@@ -10,12 +10,10 @@
 #include "model/cuda/gpu_attention.h"
 #include "model/cuda/gpu_moe.h"
 #include "parallel/cuda/gpu_runner.h"
+#include "parallel/exchange_plan.h"
 #include "parallel/layout.h"
 
 namespace cpfill::cuda {
-
-// The three collectives of a layer (docs/design.md §4), each with per-sub-batch buffers and events.
-enum Slot { kAttn, kMoeGather, kScatter, kSlots };
 
 // Counts what take() would hand out (the plan) without allocating.
 struct CountingArena {
@@ -42,8 +40,10 @@ struct SubState {
     int64_t* pos = nullptr;           // [n]
     int32_t* tokens_rm = nullptr;     // [padded]
     int32_t* tokens_local = nullptr;  // [n]
-    bf16* send[kSlots] = {};
-    bf16* recv[kSlots] = {};
+    // Per exchange of the block (parallel/exchange_plan.h, indexed by slot()): the buffers of its
+    // collective, sized for the widest layer.
+    bf16* send[kExchanges] = {};
+    bf16* recv[kExchanges] = {};
     GpuRouteScratch route;  // this sub-batch's MoE routing (router stream → compute stream)
 };
 
