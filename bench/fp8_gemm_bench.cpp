@@ -2,9 +2,10 @@
 // with 128×128 weight tiles (the dense linears as shipped) and with 1×128 weight blocks (the
 // experts re-encoded from fp4), and the rate of the activation quantisation (GB/s of bf16 read).
 // Then the routed experts of one layer at 64k tokens (E experts of R rows each): the grouped fp8
-// kernel (ops/cuda/grouped_fp8.h, one launch) against a cuBLASLt GEMM per expert on one stream.
-// Usage: fp8_gemm_bench [--reps N] [--experts E] [--rows R]. Prints Markdown tables;
-// docs/performance-notes.md keeps them.
+// kernel (ops/cuda/grouped_fp8.h, one launch) with each of its epilogues (registers, TMA stores)
+// against a cuBLASLt GEMM per expert on one stream.
+// Usage: fp8_gemm_bench [--reps N] [--experts E] [--rows R] [--grouped-only]. Prints Markdown
+// tables; docs/performance-notes.md keeps them.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -34,8 +35,9 @@ struct Shape {
 // `rows` rows each.
 void grouped_experts(int E, int64_t rows, int reps) {
     fmt::print(
-        "\n| experts × rows | GEMM (out × in) | grouped fp8 TFLOP/s | per-expert cuBLASLt fp8 |\n");
-    fmt::print("|---|---|---:|---:|\n");
+        "\n| experts × rows | GEMM (out × in) | grouped fp8 TFLOP/s, registers epilogue | "
+        "grouped fp8, tma_store epilogue | per-expert cuBLASLt fp8 |\n");
+    fmt::print("|---|---|---:|---:|---:|\n");
     oc::GemmContext ctx;
     for (const auto& [n, k, what] : {std::tuple{int64_t{4096}, int64_t{4096}, "gate_up"},
                                      std::tuple{int64_t{4096}, int64_t{2048}, "down"}}) {
@@ -69,10 +71,14 @@ void grouped_experts(int E, int64_t rows, int reps) {
         g.out = n;
         g.y = y.as<__nv_bfloat16>();
         const double flop = 2.0 * total * n * k;
-        std::string grouped = "not this GPU";
-        if (oc::grouped_fp8_supported())
-            grouped = fmt::format(
+        std::string grouped[2] = {"not this GPU", "not this GPU"};
+        const oc::GroupedFp8Epilogue epilogues[2] = {oc::GroupedFp8Epilogue::Registers,
+                                                     oc::GroupedFp8Epilogue::TmaStore};
+        for (int v = 0; v < 2 && oc::grouped_fp8_supported(); ++v) {
+            g.epilogue = epilogues[v];
+            grouped[v] = fmt::format(
                 "{:.0f}", flop / time_ms([&] { oc::grouped_gemm_fp8(g, nullptr); }, reps) / 1e9);
+        }
         const double per = time_ms(
             [&] {
                 for (int e = 0; e < E; ++e)
@@ -83,8 +89,8 @@ void grouped_experts(int E, int64_t rows, int reps) {
                                  nullptr, n, nullptr);
             },
             reps);
-        fmt::print("| {} × {} | {} ({} × {}) | {} | {:.0f} |\n", E, rows, what, n, k, grouped,
-                   flop / per / 1e9);
+        fmt::print("| {} × {} | {} ({} × {}) | {} | {} | {:.0f} |\n", E, rows, what, n, k,
+                   grouped[0], grouped[1], flop / per / 1e9);
     }
 }
 
@@ -94,13 +100,19 @@ int main(int argc, char** argv) {
     CLI::App app("fp8 vs bf16 GEMMs at V4 shapes");
     int reps = 20, experts = 256;
     int64_t rows = 1536;
+    bool grouped_only = false;
     app.add_option("--reps", reps, "timed launches per case")->check(CLI::Range(1, 1000));
     app.add_option("--experts", experts, "routed experts of the grouped case")
         ->check(CLI::Range(1, 1024));
     app.add_option("--rows", rows, "rows per expert of the grouped case (a multiple of 4)")
         ->check(CLI::Range(4, 1 << 20));
+    app.add_flag("--grouped-only", grouped_only, "only the routed experts' table");
     CLI11_PARSE(app, argc, argv);
     try {
+        if (grouped_only) {
+            grouped_experts(experts, rows / 4 * 4, reps);
+            return 0;
+        }
         const std::vector<Shape> shapes = {{8192, 8192, 8192, "square"},
                                            {16384, 4096, 4096, "dense projection, 16k tokens"},
                                            {1536, 4096, 4096, "expert gate_up, 64k tokens"},

@@ -1,7 +1,8 @@
 // kernel_bench: the rates of single CUDA kernels at V4-Flash shapes (sparse attention on a CSA
 // layer, the indexer's scores + top-k, the routed experts' GEMMs grouped vs one per expert, mHC
-// pre/post). Numbers only, never pass/fail: the kernels' correctness is tests/cuda's job. These
-// were "[ timing ]" lines printed by GPU tests that asserted nothing.
+// pre/post and a site boundary separate vs fused). Numbers only, never pass/fail: the kernels'
+// correctness is tests/cuda's job. These were "[ timing ]" lines printed by GPU tests that asserted
+// nothing.
 //   build/bench/kernel_bench [--kernel attention|indexer|experts|mhc|all] [--repeat N]
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/mhc.h"
+#include "ops/cuda/norm.h"
 #include "runtime/cuda/buffer.h"
 #include "runtime/cuda/time_ms.h"
 #include "runtime/device.h"
@@ -207,6 +209,36 @@ void bench_mhc(int reps) {
     std::printf("mhc_post %lld x %d x %lld: %.3f ms (%.0f GB/s of h, read + write)\n",
                 static_cast<long long>(rows), hc, static_cast<long long>(d_model), post_ms,
                 2 * h_gb / (post_ms * 1e-3));
+
+    // A site boundary as the runner ran it (mhc_post → mhc_pre → rmsnorm) and fused. The GB/s
+    // count 3 passes of h for both (the fused floor: read, write, read for the collapse).
+    auto dw = upload(std::vector<float>(d_model, 1.0f));
+    cuda::DeviceBuffer dpost2(rows * hc * 4), dcomb2(rows * hc * hc * 4), dy(rows * d_model * 2);
+    cuda::DeviceBuffer dscratch(ops::cuda::mhc_post_pre_scratch_bytes(hc, d_model, rows));
+    const double separate_ms = time_ms(
+        [&] {
+            ops::cuda::mhc_post(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(), hc,
+                                d_model, rows, dh.as<float>(), nullptr);
+            ops::cuda::mhc_pre(p, dh.as<float>(), rows, dpost2.as<float>(), dcomb2.as<float>(),
+                               dx.as<__nv_bfloat16>(), gemm, dmix.as<float>(), nullptr);
+            ops::cuda::rmsnorm(dx.as<__nv_bfloat16>(), rows, d_model, dw.as<float>(), 1e-6f,
+                               dy.as<__nv_bfloat16>(), nullptr);
+        },
+        reps);
+    const double fused_ms = time_ms(
+        [&] {
+            ops::cuda::mhc_post_pre(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(),
+                                    p, dw.as<float>(), 1e-6f, rows, dh.as<float>(),
+                                    dpost2.as<float>(), dcomb2.as<float>(), dy.as<__nv_bfloat16>(),
+                                    dscratch.as<float>(), nullptr);
+        },
+        reps);
+    std::printf(
+        "mhc boundary (post + pre + rmsnorm) %lld x %d x %lld: separate %.3f ms (%.0f GB/s), "
+        "fused %.3f ms (%.0f GB/s of h, 3 passes), %.2fx\n",
+        static_cast<long long>(rows), hc, static_cast<long long>(d_model), separate_ms,
+        3 * h_gb / (separate_ms * 1e-3), fused_ms, 3 * h_gb / (fused_ms * 1e-3),
+        separate_ms / fused_ms);
 }
 
 }  // namespace

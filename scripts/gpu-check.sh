@@ -4,7 +4,10 @@
 #   scripts/gpu-check.sh            everything
 #   GPU_CHECK_CPU=0                 skip the CPU suite
 #   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments
-#   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them
+#   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them;
+#                                   GPU_CHECK_TEST_TIMEOUT (s, default 900) stops a hung kernel
+#   GPU_CHECK_KERNELS=0             skip the kernel timings (bench/kernel_bench --kernel mhc,
+#                                   bench/fp8_gemm_bench --grouped-only) into kernels.log
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
 # than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
@@ -40,8 +43,8 @@ fi
 echo "build: $(($(date +%s) - t0)) s, status $status" | tee "$out/times.txt"
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
     t1=$(date +%s)
-    build-gpu/tests/test_cuda --gtest_filter="${GTEST_FILTER:-*}" >"$out/cuda-tests.log" 2>&1 ||
-        status=1
+    timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" build-gpu/tests/test_cuda \
+        --gtest_filter="${GTEST_FILTER:-*}" >"$out/cuda-tests.log" 2>&1 || status=1
     echo "cuda tests: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
     # This is a machine with GPUs: a GPU test that skipped is a failure (a broken driver must not
     # pass), unless it needs more GPUs than there are.
@@ -55,6 +58,13 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
 elif [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
     echo "gpu-check: build-gpu/tests/test_cuda was not built" | tee -a "$out/times.txt"
     status=1
+fi
+if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; then
+    {
+        timeout 120 build-gpu/bench/kernel_bench --kernel mhc --repeat 20
+        timeout 240 build-gpu/bench/fp8_gemm_bench --reps 10 --grouped-only
+    } >"$out/kernels.log" 2>&1 || status=1
+    cat "$out/kernels.log"
 fi
 if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
     build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1

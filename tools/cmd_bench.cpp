@@ -42,6 +42,7 @@ struct BenchArgs {
     int64_t chunk = 0;  // --chunk: tokens per chunk (0: one pass, chunks where it does not fit)
     int expert_streams = GpuRunOptions{}.expert_streams;
     std::string expert_gemm = "auto";
+    std::string mhc_fused = "on";
 };
 
 TboMode tbo_mode(const std::string& s) {
@@ -104,6 +105,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
     base.expert_gemm = a.expert_gemm == "grouped"   ? ExpertGemm::Grouped
                        : a.expert_gemm == "streams" ? ExpertGemm::Streams
                                                     : ExpertGemm::Auto;
+    base.mhc_fused = a.mhc_fused == "on";
     auto once = [&](const GpuRunOptions& opt) {
         GpuStats st;
         g.run(requests, opt, &st);
@@ -275,6 +277,10 @@ Runner add_bench_command(CLI::App& app) {
                   "routed experts: grouped (one launch per GEMM for all experts), streams (a GEMM "
                   "pair per expert) or auto (the faster as measured: docs/fp8.md)")
         ->check(CLI::IsMember({"auto", "grouped", "streams"}))
+        ->capture_default_str();
+    c->add_option("--mhc-fused", args->mhc_fused,
+                  "on: each mHC post-mix fused with the next pre-mix and norm (one op); off: apart")
+        ->check(CLI::IsMember({"on", "off"}))
         ->capture_default_str();
     c->add_option("--expert-streams", args->expert_streams,
                   "with --expert-gemm streams: CUDA streams the GEMM pairs are spread over")

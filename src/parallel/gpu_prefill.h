@@ -67,6 +67,10 @@ struct GpuRunOptions {
     // has), so that a small batch meets the out-of-memory paths (automatic chunking, errors).
     size_t workspace_limit = 0;
     ExpertGemm expert_gemm = ExpertGemm::Auto;
+    // Where an mHC post-mix meets the next site's pre-mix, one fused op (ops/cuda/mhc.h
+    // mhc_post_pre: the residual read twice and written once instead of read five times); false:
+    // mhc_post, mhc_pre and the RMSNorm apart (tests, bench --mhc-fused off).
+    bool mhc_fused = true;
     int expert_streams = 4;  // ExpertGemm::Streams: CUDA streams the GEMM pairs go over (1–8)
 };
 

@@ -37,7 +37,8 @@ using testing::golden_fixtures;
 using testing::rows_of;
 using namespace gpu_test;
 
-PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool grouped_experts = false) {
+PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool grouped_experts = false,
+                      bool mhc_fused = true) {
     GpuGroupOptions go;
     go.cp = cp;
     GpuGroup g(go);
@@ -47,6 +48,7 @@ PrefillOutput run_gpu(Fixture& f, int cp, TboMode tbo, bool records, bool groupe
     o.all_logits = true;
     o.record_hidden = o.record_topk = records;
     o.expert_gemm = grouped_experts ? ExpertGemm::Grouped : ExpertGemm::Streams;
+    o.mhc_fused = mhc_fused;
     return g.run(f.requests, o);
 }
 
@@ -130,6 +132,17 @@ TEST(GpuPrefill, GroupedExpertsEqualPerExpertGemms) {
         Fixture f = load_fixture(dir, 1);
         expect_same(run_gpu(f, 1, TboMode::Off, false, true),
                     run_gpu(f, 1, TboMode::Off, false, false), dir + " grouped vs per-expert");
+    }
+}
+
+// The fused mHC site boundary (ops/cuda/mhc.h mhc_post_pre) against mhc_post, mhc_pre and the
+// RMSNorm apart: the same math, the mixing products summed in another order.
+TEST(GpuPrefill, MhcFusedEqualsApart) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    for (const std::string& dir : golden_fixtures()) {
+        Fixture f = load_fixture(dir, 1);
+        expect_same(run_gpu(f, 1, TboMode::Off, false, false, true),
+                    run_gpu(f, 1, TboMode::Off, false, false, false), dir + " mHC fused vs apart");
     }
 }
 

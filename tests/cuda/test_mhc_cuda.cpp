@@ -2,14 +2,21 @@
 // 7168, hc 1–4). post and comb are fp32 on both sides (tolerance 1e-4 absolute: O(1) values after
 // sigmoid / Sinkhorn, only the summation order of 4·d_model-long dot products differs); the
 // collapse is bf16 (1e-2 of the tensor's scale); mhc_post updates the fp32 residual (1e-5).
+// mhc_post_pre (post, next pre and RMSNorm fused) against the same three GPU ops run one after
+// the other and against the CPU ops, with and without the norm, with post / comb updated in
+// place, and on unaligned pointers (the scalar kernels).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
+#include <string>
 
 #include "core/parallel.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/mhc.h"
+#include "ops/cuda/norm.h"
 #include "ops/mhc.h"
+#include "ops/norm.h"
 
 namespace cpfill {
 namespace {
@@ -120,5 +127,234 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhc,
                                            MhcShape{37, 300, 2}, MhcShape{130, 512, 3},
                                            MhcShape{6, 129, 1}, MhcShape{1001, 256, 4}));
 
+// ---- mhc_post_pre ----
+
+// One site boundary's inputs: post / comb / o of the site that ends, the residual h, the next
+// site's weights and the RMSNorm weight.
+struct Boundary {
+    int64_t rows, d_model;
+    int hc;
+    std::vector<float> post, comb, o, h, norm_w;
+    MhcWeights next;
+};
+
+Boundary make_boundary(const MhcShape& shape, uint64_t seed) {
+    const auto [rows, d_model, hc] = shape;
+    Boundary b{rows, d_model, hc, {}, {}, {}, {}, {}, {}};
+    b.post = random_f32(rows * hc, seed, 0.5f);
+    b.comb = random_f32(rows * hc * hc, seed + 1, 0.5f);
+    b.o = random_bf16(rows * d_model, seed + 2);
+    b.h = random_f32(rows * hc * d_model, seed + 3, 1.5f);
+    b.norm_w = random_f32(d_model, seed + 4, 0.3f);
+    for (float& w : b.norm_w) w += 1.0f;
+    b.next = make_weights((2 + hc) * hc, hc, d_model, seed + 5);
+    return b;
+}
+
+// h after the update, the next site's post / comb, and y (fp32, or bf16 widened).
+struct BoundaryOut {
+    std::vector<float> h, post, comb, y;
+};
+
+// ops::mhc_post → ops::mhc_pre → x rounded to bf16 → ops::rmsnorm (norm) or x itself.
+BoundaryOut cpu_boundary(const Boundary& b, bool norm) {
+    const int64_t rows = b.rows, D = b.d_model, n_mix = (2 + b.hc) * b.hc;
+    BoundaryOut r{b.h, std::vector<float>(rows * b.hc), std::vector<float>(rows * b.hc * b.hc),
+                  std::vector<float>(rows * D)};
+    ThreadPool pool(4);
+    ops::mhc_post(b.post.data(), b.comb.data(), b.o.data(), b.hc, D, rows, r.h.data(), pool);
+    ops::MhcParams p{
+        b.next.fn.data(), b.next.base.data(), b.next.scale.data(), b.hc, D, 20, 1e-6f, 1e-6f};
+    std::vector<float> x(rows * D), mix(rows * n_mix), normed(rows * b.hc * D);
+    ops::mhc_pre(p, r.h.data(), rows, r.post.data(), r.comb.data(), x.data(), mix.data(),
+                 normed.data(), pool);
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+    if (norm)
+        ops::rmsnorm(x.data(), rows, D, b.norm_w.data(), 1e-6f, r.y.data());
+    else
+        r.y = x;
+    return r;
+}
+
+// Device copy of v starting `offset` elements into its buffer (offset 1: an unaligned tensor), with
+// kGuard poisoned elements after it.
+constexpr size_t kGuard = 64;
+
+template <class T>
+cuda::DeviceBuffer upload_at(const std::vector<T>& v, size_t offset) {
+    cuda::DeviceBuffer b((offset + v.size() + kGuard) * sizeof(T));
+    CPFILL_CUDA_CHECK(cudaMemset(b.as<void>(), 0xff, b.bytes()));
+    if (!v.empty())
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(b.as<T>() + offset, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return b;
+}
+
+// bf16 bits of v (round to nearest even).
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = f32_to_bf16(v[i]);
+    return r;
+}
+
+// The bytes of b outside [begin, end) are still the 0xff poison.
+void expect_guard(const cuda::DeviceBuffer& b, size_t begin, size_t end, const char* what) {
+    std::vector<uint8_t> bytes(b.bytes());
+    CPFILL_CUDA_CHECK(cudaMemcpy(bytes.data(), b.as<void>(), bytes.size(), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) bad += (i < begin || i >= end) && bytes[i] != 0xff;
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " bytes written outside the tensor";
+}
+
+struct FusedOptions {
+    bool norm = true;    // norm_w given
+    bool alias = false;  // post_out == post_in, comb_out == comb_in
+    size_t offset = 0;   // elements h, o and y start into their buffers
+};
+
+BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
+    const int64_t rows = b.rows, D = b.d_model;
+    const size_t off = opt.offset;
+    auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
+    auto dpost_in = upload(b.post), dcomb_in = upload(b.comb), dw = upload(b.norm_w);
+    auto dh = upload_at(b.h, off), dout = upload_at(to_bf16(b.o), off);
+    auto dy = upload_at(std::vector<uint16_t>(rows * D), off);
+    CPFILL_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.bytes()));  // NaN if not written
+    cuda::DeviceBuffer dpost(rows * b.hc * 4), dcomb(rows * b.hc * b.hc * 4);
+    CPFILL_CUDA_CHECK(cudaMemset(dpost.as<void>(), 0xff, dpost.bytes()));
+    CPFILL_CUDA_CHECK(cudaMemset(dcomb.as<void>(), 0xff, dcomb.bytes()));
+    const int64_t scratch_bytes = ops::cuda::mhc_post_pre_scratch_bytes(b.hc, D, rows);
+    cuda::DeviceBuffer dscratch(scratch_bytes + kGuard);  // NaN where read before written
+    CPFILL_CUDA_CHECK(cudaMemset(dscratch.as<void>(), 0xff, dscratch.bytes()));
+    ops::cuda::MhcDeviceParams p{
+        dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), b.hc, D, 20, 1e-6f, 1e-6f};
+    float* post_out = opt.alias ? dpost_in.as<float>() : dpost.as<float>();
+    float* comb_out = opt.alias ? dcomb_in.as<float>() : dcomb.as<float>();
+    ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
+                            dout.as<__nv_bfloat16>() + off, p, opt.norm ? dw.as<float>() : nullptr,
+                            1e-6f, rows, dh.as<float>() + off, post_out, comb_out,
+                            dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_guard(dscratch, 0, scratch_bytes, "scratch");
+    expect_guard(dy, off * 2, (off + rows * D) * 2, "y");
+    expect_guard(dh, off * 4, (off + b.h.size()) * 4, "h");
+    auto h = download<float>(dh, off + b.h.size());
+    auto yb = download<uint16_t>(dy, off + rows * D);
+    BoundaryOut r;
+    r.h.assign(h.begin() + off, h.end());
+    for (size_t i = off; i < yb.size(); ++i) r.y.push_back(bf16_to_f32(yb[i]));
+    r.post = download<float>(opt.alias ? dpost_in : dpost, rows * b.hc);
+    r.comb = download<float>(opt.alias ? dcomb_in : dcomb, rows * b.hc * b.hc);
+    return r;
+}
+
+// mhc_post → mhc_pre (cuBLASLt GEMM) → rmsnorm, the path mhc_post_pre replaces.
+BoundaryOut gpu_separate(const Boundary& b, bool norm) {
+    const int64_t rows = b.rows, D = b.d_model, n_mix = (2 + b.hc) * b.hc;
+    auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
+    auto dpost_in = upload(b.post), dcomb_in = upload(b.comb), dw = upload(b.norm_w);
+    auto dh = upload(b.h), dout = upload(to_bf16(b.o));
+    cuda::DeviceBuffer dpost(rows * b.hc * 4), dcomb(rows * b.hc * b.hc * 4);
+    cuda::DeviceBuffer dx(rows * D * 2), dy(rows * D * 2), dmix(rows * n_mix * 4);
+    ops::cuda::MhcDeviceParams p{
+        dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), b.hc, D, 20, 1e-6f, 1e-6f};
+    ops::cuda::GemmContext gemm;
+    ops::cuda::mhc_post(dpost_in.as<float>(), dcomb_in.as<float>(), dout.as<__nv_bfloat16>(), b.hc,
+                        D, rows, dh.as<float>(), nullptr);
+    ops::cuda::mhc_pre(p, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
+                       dx.as<__nv_bfloat16>(), gemm, dmix.as<float>(), nullptr);
+    if (norm)
+        ops::cuda::rmsnorm(dx.as<__nv_bfloat16>(), rows, D, dw.as<float>(), 1e-6f,
+                           dy.as<__nv_bfloat16>(), nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    return {cuda::download_f32(dh, b.h.size()), cuda::download_f32(dpost, rows * b.hc),
+            cuda::download_f32(dcomb, rows * b.hc * b.hc),
+            cuda::download_bf16(norm ? dy : dx, rows * D)};
+}
+
+// h: 1e-5 of its scale (the update is mhc_post's arithmetic; the CPU sums in another order).
+// post / comb: 1e-4 absolute (O(1) after sigmoid / Sinkhorn; the mixing products are fp32 summed in
+// another order than the GEMM's or the CPU's). y: 1e-2 of its scale (bf16 output, 2^-9 relative,
+// and a bf16 x whose rounding may flip by one ulp where x differs in its last fp32 bits).
+void expect_close(const BoundaryOut& got, const BoundaryOut& want, const std::string& vs) {
+    Diff dh = print_diff(("h vs " + vs).c_str(), diff(got.h, want.h));
+    Diff dp = print_diff(("post vs " + vs).c_str(), diff(got.post, want.post));
+    Diff dc = print_diff(("comb vs " + vs).c_str(), diff(got.comb, want.comb));
+    Diff dy = print_diff(("y vs " + vs).c_str(), diff(got.y, want.y));
+    EXPECT_LE(dh.rel, 1e-5) << "h vs " << vs << ": " << dh.str();
+    EXPECT_LE(dp.max_abs, 1e-4) << "post vs " << vs << ": " << dp.str();
+    EXPECT_LE(dc.max_abs, 1e-4) << "comb vs " << vs << ": " << dc.str();
+    EXPECT_LE(dy.rel, 1e-2) << "y vs " << vs << ": " << dy.str();
+}
+
+class CudaMhcPostPre : public ::testing::TestWithParam<MhcShape> {};
+
+std::string describe(const MhcShape& s, uint64_t seed) {
+    std::ostringstream m;
+    m << "rows " << s.rows << ", d_model " << s.d_model << ", hc " << s.hc << ", seeds " << seed
+      << "-" << seed + 5;
+    return m.str();
+}
+
+TEST_P(CudaMhcPostPre, MatchesSeparateOpsAndCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 40));
+    const Boundary b = make_boundary(GetParam(), 40);
+    const BoundaryOut got = gpu_fused(b, {});
+    expect_close(got, gpu_separate(b, true), "separate GPU ops");
+    expect_close(got, cpu_boundary(b, true), "CPU");
+}
+
+TEST_P(CudaMhcPostPre, WithoutNormYIsTheCollapse) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 50));
+    const Boundary b = make_boundary(GetParam(), 50);
+    const BoundaryOut got = gpu_fused(b, {.norm = false});
+    expect_close(got, gpu_separate(b, false), "separate GPU ops");
+    expect_close(got, cpu_boundary(b, false), "CPU");
+}
+
+TEST_P(CudaMhcPostPre, PostCombInPlaceMatchCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 60));
+    const Boundary b = make_boundary(GetParam(), 60);
+    expect_close(gpu_fused(b, {.alias = true}), cpu_boundary(b, true), "CPU");
+}
+
+TEST_P(CudaMhcPostPre, UnalignedPointersMatchCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 70));
+    const Boundary b = make_boundary(GetParam(), 70);
+    expect_close(gpu_fused(b, {.offset = 1}), cpu_boundary(b, true), "CPU");
+}
+
+// The shapes of CudaMhc, and two with enough rows that each tile is one block over all of d_model
+// (fewer rows split d_model over up to 8 blocks; d_model ≤ 32 is one chunk, never split).
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPostPre,
+                         ::testing::Values(MhcShape{1, 1, 4}, MhcShape{1, 7, 4}, MhcShape{3, 33, 4},
+                                           MhcShape{5, 4096, 4}, MhcShape{9, 7168, 4},
+                                           MhcShape{37, 300, 2}, MhcShape{130, 512, 3},
+                                           MhcShape{6, 129, 1}, MhcShape{1001, 256, 4},
+                                           MhcShape{4500, 100, 4}, MhcShape{4300, 45, 3}));
+
+TEST(CudaMhcPostPreEdge, ZeroRowsLaunchesNothing) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(4, 4096, 0), 0);
+    ops::cuda::MhcDeviceParams p{nullptr, nullptr, nullptr, 4, 4096, 20, 1e-6f, 1e-6f};
+    ops::cuda::mhc_post_pre(nullptr, nullptr, nullptr, p, nullptr, 1e-6f, 0, nullptr, nullptr,
+                            nullptr, nullptr, nullptr, nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(CudaMhcPostPreEdge, ScratchBytes) {
+    // Enough for any call of at most that many rows: 8192 rows need one slice per tile, but fewer
+    // rows split d_model over up to 8 blocks per tile, within 264 blocks of 32 tokens (8448).
+    EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(4, 4096, 8192), 8448 * 25 * 4);
+    EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(4, 4096, 20000), 20000 * 25 * 4);
+    // 1 row, 7168 channels: 8 slices.
+    EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(4, 7168, 1), 8 * 25 * 4);
+    EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(2, 70, 5), 8 * 5 * 9 * 4);
+    EXPECT_THROW(ops::cuda::mhc_post_pre_scratch_bytes(5, 4096, 1), Error);
+}
 }  // namespace
 }  // namespace cpfill

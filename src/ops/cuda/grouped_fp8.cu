@@ -9,6 +9,19 @@
 // 1% (the kernel is not L2-bound; docs/fp8.md has where its time goes). Tiles are numbered expert
 // by expert, row tile by row tile, output tile fastest, and dealt round-robin to the blocks: the
 // blocks working at one time share an expert's weights and a row tile's activations in L2.
+//
+// Two epilogues (GroupedFp8Epilogue, a template parameter; the same bf16 of the same fp32 sums):
+// * Registers, 4 stages of 48 KB: each thread stores its bf16 pairs straight to global memory.
+// * TmaStore, 3 stages of 48 KB + a 32 KB output tile per consumer (1024-byte aligned, after the
+//   barriers and tile_first): 64 rows × 256 outputs as four 64-output chunks of 64 rows × 128
+//   bytes in the 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8): the stmatrix writes
+//   of a warp hit every bank once). Per tile a consumer (named barrier 1 + consumer, 128 threads)
+//   waits until its thread 0's stores of the previous tile have read the buffer, writes the
+//   tile, fences it to the async proxy, syncs, and thread 0 issues bulk tensor stores of the rows
+//   inside the expert's padded block and commits them as one bulk group, which runs on while the
+//   next tile computes. Boxes are 64 outputs wide: 64 rows when all the consumer's rows are in
+//   the expert, else 8-row boxes and one 4-row box at the end (padded blocks are multiples of 4
+//   rows, so no box crosses into the next expert; every box starts on a 1024-byte swizzle atom).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -23,18 +36,43 @@ namespace cpfill::ops::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 128, kStages = 4, kThreads = 384;
+constexpr int kBM = 128, kBN = 256, kBK = 128, kThreads = 384;
 constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kHalfBytes = kBBytes / 2;
 constexpr int kMaxExperts = 1024;
 constexpr int kConsumerWarps = 8;
+// TmaStore's output tile of one consumer: 64 rows × 256 bf16 as 4 chunks of 64 rows × 128 bytes.
+constexpr int kYRows = 64, kYChunkCols = 64, kYRowBytes = kYChunkCols * 2;
+constexpr int kYChunkBytes = kYRows * kYRowBytes, kYTileBytes = kBN / kYChunkCols * kYChunkBytes;
+constexpr int kYBox = 64, kYBoxMid = 8, kYBoxTail = 4;  // rows of the three output boxes
 
+using Epilogue = GroupedFp8Epilogue;
+
+template <Epilogue kEpi>
+constexpr int kStagesOf = kEpi == Epilogue::Registers ? 4 : 3;
+
+template <int kStages>
 struct Smem {
     uint8_t a[kStages][kABytes];  // each stage 1024-byte aligned: the swizzle's atom
     uint8_t b[kStages][kBBytes];
     uint64_t full[kStages], empty[kStages];
     int32_t tile_first[kMaxExperts + 1];  // the first tile of each expert; [E]: all tiles
 };
-constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the dynamic base
+// TmaStore's two output tiles start at the first 1024-byte boundary after Smem.
+template <int kStages>
+constexpr size_t kYOffset = (sizeof(Smem<kStages>) + 1023) / 1024 * 1024;
+template <Epilogue kEpi>
+constexpr size_t kSmemBytes =  // + alignment of the dynamic base
+    (kEpi == Epilogue::Registers ? sizeof(Smem<kStagesOf<kEpi>>)
+                                 : kYOffset<kStagesOf<kEpi>> + 2 * kYTileBytes) +
+    1024;
+static_assert(kSmemBytes<Epilogue::Registers> <= 227 * 1024 &&
+                  kSmemBytes<Epilogue::TmaStore> <= 227 * 1024,
+              "more than the 227 KB of shared memory a block may have");
+
+// The output boxes of TmaStore (bf16 [n_pad, out], 64 outputs × 64, 8 or 4 rows, 128-byte swizzle).
+struct OutMaps {
+    CUtensorMap rows64, rows8, rows4;
+};
 
 struct Args {
     const float* xs;
@@ -50,21 +88,21 @@ struct Tile {
     int e, mt, nt;
 };
 
-__device__ Tile tile_of(const Smem& s, int E, int n_tiles_n, int t) {
+__device__ Tile tile_of(const int32_t* tile_first, int E, int n_tiles_n, int t) {
     int lo = 0, hi = E - 1;  // the largest e with tile_first[e] ≤ t: empty experts share their
     while (lo < hi) {        // successor's first tile, so it is the non-empty one
         const int mid = (lo + hi + 1) / 2;
-        if (s.tile_first[mid] <= t)
+        if (tile_first[mid] <= t)
             lo = mid;
         else
             hi = mid - 1;
     }
-    const int local = t - s.tile_first[lo];
+    const int local = t - tile_first[lo];
     return {lo, local / n_tiles_n, local % n_tiles_n};
 }
 
 // Warp 0: tile_first from pfirst (ceil(m4_e / kBM) row tiles of n_tiles_n output tiles each).
-__device__ void count_tiles(Smem& s, const int32_t* pfirst, int E, int n_tiles_n) {
+__device__ void count_tiles(int32_t* tile_first, const int32_t* pfirst, int E, int n_tiles_n) {
     const int lane = threadIdx.x % 32, per = (E + 31) / 32;
     const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
     int sum = 0;
@@ -76,20 +114,79 @@ __device__ void count_tiles(Smem& s, const int32_t* pfirst, int E, int n_tiles_n
     }
     int run = incl - sum;
     for (int e = e0; e < e1; ++e) {
-        s.tile_first[e] = run;
+        tile_first[e] = run;
         run += (pfirst[e + 1] - pfirst[e] + kBM - 1) / kBM * n_tiles_n;
     }
-    if (lane == 31) s.tile_first[E] = incl;
+    if (lane == 31) tile_first[E] = incl;
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // as the register epilogue rounds
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// TmaStore's epilogue of one consumer, all 128 of its threads (the file comment has the layout).
+// y: the consumer's output tile in shared memory; grow: the global row of its first row; v: its
+// rows inside the expert's padded block (a multiple of 4, ≤ 0 when none); c0: the tile's first
+// output.
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
+                                               int cw, int tid, const OutMaps& maps, int grow,
+                                               int v, int c0) {
+    const int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
+    named_barrier_sync(1 + cw, 128);
+    __syncwarp();  // stmatrix is .aligned: the warp converged
+    // stmatrix p of half h: matrices (rows +0, units 2p), (+8, 2p), (+0, 2p + 1), (+8, 2p + 1) of
+    // the warp's 16 rows, 16-byte unit u of the 32 in a row = 8 outputs. Lane l gives row
+    // l % 8 (+8 for (l / 8) odd) of matrix l / 8; the swizzle XORs its unit with row % 8 = l % 8.
+    const int row = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
+    const uint32_t row_addr = y + row * kYRowBytes, key = (lane / 16) ^ (lane % 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (h == 1 && !second) break;
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+            const uint32_t chunk = 2 * h + p / 4, u = (2 * p) % 8;
+            stmatrix_x4(row_addr + chunk * kYChunkBytes + ((u ^ key) << 4),
+                        pack_bf16x2(acc[h][8 * p], acc[h][8 * p + 1]),
+                        pack_bf16x2(acc[h][8 * p + 2], acc[h][8 * p + 3]),
+                        pack_bf16x2(acc[h][8 * p + 4], acc[h][8 * p + 5]),
+                        pack_bf16x2(acc[h][8 * p + 6], acc[h][8 * p + 7]));
+        }
+    }
+    fence_proxy_async_shared();  // each writer's stores, before TMA reads them
+    named_barrier_sync(1 + cw, 128);
+    // Boxes of 64 outputs: 64 rows, or 8-row boxes and a last 4-row one (v - r is 0 or 4 after the
+    // loop), each starting on a row that is a multiple of 8: a 1024-byte swizzle atom.
+    if (tid != 0 || v <= 0) return;
+#pragma unroll 1
+    for (int q = 0; q < (second ? 4 : 2); ++q) {
+        const uint32_t src = y + q * kYChunkBytes;
+        const int col = c0 + q * kYChunkCols;
+        if (v == kYRows) {
+            tma_store_2d(&maps.rows64, src, col, grow);
+            continue;
+        }
+        int r = 0;
+        for (; r + kYBoxMid <= v; r += kYBoxMid)
+            tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, grow + r);
+        if (r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
+    }
+    bulk_commit();
+}
+
+template <Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_fp8_kernel(const __grid_constant__ CUtensorMap map_x,
-                       const __grid_constant__ CUtensorMap map_w, const Args a) {
+                       const __grid_constant__ CUtensorMap map_w,
+                       const __grid_constant__ OutMaps map_y, const Args a) {
+    constexpr int kStages = kStagesOf<kEpi>;
     extern __shared__ uint8_t smem_raw[];
-    Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+    uint8_t* const base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    Smem<kStages>& s = *reinterpret_cast<Smem<kStages>*>(base);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN, n_kb = a.in / kBK;
-    if (threadIdx.x < 32) count_tiles(s, a.pfirst, E, n_tiles_n);
+    if (threadIdx.x < 32) count_tiles(s.tile_first, a.pfirst, E, n_tiles_n);
     if (threadIdx.x == 32) {
         for (int i = 0; i < kStages; ++i) {
             mbar_init(&s.full[i], 1);
@@ -106,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_map(&map_w);
         int it = 0;
         for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-            const Tile tl = tile_of(s, E, n_tiles_n, t);
+            const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
             const int row0 = a.pfirst[tl.e] + tl.mt * kBM, wrow0 = tl.e * a.out + tl.nt * kBN;
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
@@ -123,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int ws_ld = (n_kb + 3) / 4 * 4;  // Tile128 scales: [out/128][round_up(in/128, 4)]
     int it = 0;  // k-blocks consumed by this block so far (the ring's position)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const Tile tl = tile_of(s, E, n_tiles_n, t);
+        const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
         const int p0 = a.pfirst[tl.e], m4 = a.pfirst[tl.e + 1] - p0;
         const int r0 = tl.mt * kBM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
         const int c0 = tl.nt * kBN;
@@ -171,22 +268,32 @@ __global__ void __launch_bounds__(kThreads, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(&s.empty[st]);
         }
-        __nv_bfloat16* y = a.y + int64_t{p0} * a.out + c0 + 2 * (lane % 4);
+        if constexpr (kEpi == Epilogue::Registers) {
+            __nv_bfloat16* y = a.y + int64_t{p0} * a.out + c0 + 2 * (lane % 4);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (h == 1 && !second) break;
+            for (int h = 0; h < 2; ++h) {
+                if (h == 1 && !second) break;
 #pragma unroll
-            for (int half_row = 0; half_row < 2; ++half_row) {
-                const int r = half_row ? r1 : r0;
-                if (r >= m4) continue;
-                __nv_bfloat16* row = y + int64_t{r} * a.out + h * 128;
+                for (int half_row = 0; half_row < 2; ++half_row) {
+                    const int r = half_row ? r1 : r0;
+                    if (r >= m4) continue;
+                    __nv_bfloat16* row = y + int64_t{r} * a.out + h * 128;
 #pragma unroll
-                for (int i = 0; i < 16; ++i)
-                    *reinterpret_cast<__nv_bfloat162*>(row + 8 * i) = __floats2bfloat162_rn(
-                        acc[h][4 * i + 2 * half_row], acc[h][4 * i + 2 * half_row + 1]);
+                    for (int i = 0; i < 16; ++i)
+                        *reinterpret_cast<__nv_bfloat162*>(row + 8 * i) = __floats2bfloat162_rn(
+                            acc[h][4 * i + 2 * half_row], acc[h][4 * i + 2 * half_row + 1]);
+                }
             }
+        } else {
+            const int lrow = tl.mt * kBM + cw * kYRows;  // the consumer's first row in the expert
+            store_tile_tma(acc, second,
+                           smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw, tid,
+                           map_y, p0 + lrow, min(kYRows, m4 - lrow), c0);
         }
     }
+    // The last tile's stores have finished before the block (and its shared memory) goes.
+    if constexpr (kEpi == Epilogue::TmaStore)
+        if (tid == 0) bulk_wait<0>();
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -221,11 +328,41 @@ CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows)
     return m;
 }
 
+// bf16 y [rows, cols] written in boxes of box_rows × 64 outputs (128 bytes) from shared memory in
+// the 128-byte swizzle.
+CUtensorMap out_map(__nv_bfloat16* y, int64_t rows, int64_t cols, int box_rows) {
+    CUtensorMap m{};
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+    const cuuint32_t box[2] = {kYChunkCols, static_cast<cuuint32_t>(box_rows)}, elem[2] = {1, 1};
+    const CUresult r =
+        encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims, strides, box, elem,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CPFILL_CHECK(r == CUDA_SUCCESS,
+                 "grouped fp8 GEMM: output tensor map of {} × {} bf16, {}-row boxes, refused ({})",
+                 rows, cols, box_rows, static_cast<int>(r));
+    return m;
+}
+
 int multiprocessors() {
     int dev = 0, n = 0;
     CPFILL_CUDA_CHECK(cudaGetDevice(&dev));
     CPFILL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
+}
+
+template <Epilogue kEpi>
+void launch(const CUtensorMap& mx, const CUtensorMap& mw, const OutMaps& my, const Args& a,
+            cudaStream_t stream) {
+    // Per call: the attribute belongs to the current device, and ranks may be threads of one
+    // process on several GPUs.
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(kSmemBytes<kEpi>)));
+    grouped_fp8_kernel<kEpi>
+        <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, my, a);
+    CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -249,13 +386,22 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                      g.n_pad < (int64_t{1} << 31),
                  "grouped fp8 GEMM: {} rows × {} × {} over {} experts is out of range", g.n_pad,
                  g.out, g.in, g.n_experts);
+    const bool tma_store = g.epilogue == Epilogue::TmaStore;
+    CPFILL_CHECK(tma_store || g.epilogue == Epilogue::Registers,
+                 "grouped fp8 GEMM: epilogue {} is neither Registers nor TmaStore",
+                 static_cast<int>(g.epilogue));
+    CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
+                 "grouped fp8 GEMM: the TmaStore epilogue needs y 16-byte aligned (y = {})",
+                 static_cast<const void*>(g.y));
     if (g.n_pad == 0) return;
-    // Per call: the attribute belongs to the current device, and ranks may be threads of one
-    // process on several GPUs.
-    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
     const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, kBM);
     const CUtensorMap mw = tile_map(g.w, g.n_experts * g.out, g.in, kBN);
+    OutMaps my{};
+    if (tma_store) {
+        my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
+        my.rows8 = out_map(g.y, g.n_pad, g.out, kYBoxMid);
+        my.rows4 = out_map(g.y, g.n_pad, g.out, kYBoxTail);
+    }
     const Args a{g.xs,
                  g.pfirst,
                  g.n_experts,
@@ -264,8 +410,10 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
                  g.y};
-    grouped_fp8_kernel<<<multiprocessors(), kThreads, kSmemBytes, stream>>>(mx, mw, a);
-    CPFILL_CUDA_CHECK(cudaGetLastError());
+    if (tma_store)
+        launch<Epilogue::TmaStore>(mx, mw, my, a, stream);
+    else
+        launch<Epilogue::Registers>(mx, mw, my, a, stream);
 }
 
 }  // namespace cpfill::ops::cuda

@@ -12,6 +12,17 @@
 
 namespace cpfill::ops::cuda {
 
+// How the kernel writes its bf16 output tiles (both give the same bits; grouped_fp8.cu has the
+// layouts). Registers: every consumer thread stores its accumulators straight to global memory
+// (4-byte stores), 4 pipeline stages. TmaStore: the consumers stage their tile in shared memory
+// and one thread each hands it to TMA bulk tensor stores that run on while the next tile
+// computes, 3 pipeline stages (the output tiles take the fourth's space).
+enum class GroupedFp8Epilogue { Registers, TmaStore };
+
+inline const char* grouped_fp8_epilogue_name(GroupedFp8Epilogue e) {
+    return e == GroupedFp8Epilogue::Registers ? "registers" : "tma_store";
+}
+
 struct GroupedFp8Gemm {
     // Activations: e4m3 [n_pad, in] in padded rows; expert e's rows start at pfirst[e] and its
     // scales form one [in/128][m4_e] block at xs + pfirst[e] · in/128.
@@ -27,6 +38,8 @@ struct GroupedFp8Gemm {
     int64_t ws_per_expert = 0;
     int64_t in = 0, out = 0;     // multiples of 128
     __nv_bfloat16* y = nullptr;  // [n_pad, out]: every padded row of every expert is written
+    // Registers until a measurement says otherwise; TmaStore needs y 16-byte aligned.
+    GroupedFp8Epilogue epilogue = GroupedFp8Epilogue::Registers;
 };
 
 // Whether this GPU runs the kernel (compute capability 9.0: wgmma and TMA as built, sm_90a).

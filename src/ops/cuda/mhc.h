@@ -43,6 +43,27 @@ void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post
 void mhc_post(const float* post, const float* comb, const __nv_bfloat16* o, int hc, int64_t d_model,
               int64_t rows, float* h, cudaStream_t stream);
 
+// Bytes of the fp32 scratch that mhc_post_pre needs for any call of at most `rows` tokens: per
+// token and per slice of d_model, the (2 + hc)·hc mixing dot products and the sum of squares. The
+// slices are how many blocks share one tile of tokens (1 when the tiles fill the GPU, up to 8 when
+// rows are few): max(rows, min(8 · rows, 8448)) · ((2 + hc)·hc + 1) · 4 bytes.
+int64_t mhc_post_pre_scratch_bytes(int hc, int64_t d_model, int64_t rows);
+
+// One site boundary in two kernels, on h read twice and written once instead of five reads and
+// one write: mhc_post (post_in, comb_in, o → h, in place, as mhc_post), then mhc_pre of the next
+// site `next` on the updated h (post_out, comb_out and the collapse x), then — when norm_w !=
+// nullptr — y = rmsnorm(x) · norm_w as ops::cuda::rmsnorm computes it (x rounded to bf16 first,
+// the statistics over those bf16 values, eps = norm_eps). norm_w == nullptr: y is the bf16
+// collapse itself. post_in fp32 [rows, hc], comb_in fp32 [rows, hc, hc], o bf16 [rows, d_model],
+// h fp32 [rows, hc, d_model], post_out fp32 [rows, hc], comb_out fp32 [rows, hc, hc], norm_w fp32
+// [d_model] or null, y bf16 [rows, d_model], scratch: mhc_post_pre_scratch_bytes. post_out /
+// comb_out may alias post_in / comb_in, and y may alias o. The mixing products are fp32 on CUDA
+// cores (no TF32), summed in another order than mhc_pre's GEMM: post / comb agree to ~1e-6.
+void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                  const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
+                  float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
+                  cudaStream_t stream);
+
 // Final head collapse: z[t] = Σ_j (sigmoid(scale · (fn · rmsnorm(h[t]))_j + base_j) + hc_eps) h[t,
 // j]. fn fp32 [hc, hc · d_model], base fp32 [hc], scale fp32 [1] (device); z bf16 [rows, d_model].
 void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,

@@ -1,6 +1,7 @@
 // Hopper PTX for the fp8 grouped GEMM (grouped_fp8.cu): mbarriers, the bulk tensor copy (TMA) into
-// shared memory, and warpgroup MMAs (wgmma, sm_90a) of e4m3 operands from shared memory. Shared
-// tiles are K-major rows of 128 bytes in the 128-byte swizzle that TMA writes and wgmma reads.
+// shared memory and back out to global memory (bulk async-groups), warpgroup MMAs (wgmma, sm_90a)
+// of e4m3 operands from shared memory, stmatrix and named barriers. Shared tiles are K-major rows
+// of 128 bytes in the 128-byte swizzle that TMA writes and wgmma reads.
 #pragma once
 
 #include <cuda.h>
@@ -53,6 +54,54 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
         "%4}], [%2];\n" ::"r"(smem_u32(dst)),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
         : "memory");
+}
+
+// Box of a 2-D tensor map at (c0 = inner coordinate, c1 = row) ← shared memory at src, as one
+// operation of this thread's current bulk async-group (bulk_commit closes the group).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+            reinterpret_cast<uint64_t>(map)),
+        "r"(src), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's bulk async-groups still read their shared memory
+// (the source may be overwritten after it; the global writes may still be under way).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until at most kPending of this thread's bulk async-groups are incomplete (writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Makes this thread's generic-proxy writes to shared memory visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Named barrier `id` (not 0: __syncthreads) of `count` threads, a multiple of 32. The unaligned
+// form: the warps need not be converged when they reach it.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Four 8 × 8 b16 matrices → shared memory: register i of lane t holds row t/4, columns 2·(t%4)
+// (low half) and +1 of matrix i (the mma accumulator layout); lanes 8i … 8i + 7 give the 16-byte
+// aligned addresses of matrix i's rows 0 … 7.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
 }
 
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {

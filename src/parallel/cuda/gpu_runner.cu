@@ -112,6 +112,7 @@ class Runner final : public RankBackend {
     // BlockOps (model/decoder_block.h)
     void collapse(int s, int layer, Site site) override;
     void residual(int s, int layer, Site site) override;
+    void residual_collapse(int s, int layer, Site from, int next_layer, Site to) override;
     void attn_pack(int s, int layer) override;
     void attn_queries(int s, int layer) override;
     void kv_append(int s, int layer) override;
@@ -282,6 +283,25 @@ void Runner::residual(int si, int /*layer*/, Site site) {
     else
         oc::mhc_post(s.post, s.comb, s.recv[slot(Exchange::MoeSums)], cfg_.hc, cfg_.d_model, s.n,
                      s.h, dev_.compute);
+}
+
+// One pass where the site `from` of `layer` hands the residual to the site `to` of `next_layer`:
+// the update with the sub-block's output, the next pre-mix and collapse, and its RMSNorm.
+void Runner::residual_collapse(int si, int layer, Site from, int next_layer, Site to) {
+    if (!opt_.mhc_fused) {
+        RankBackend::residual_collapse(si, layer, from, next_layer, to);
+        return;
+    }
+    SubState& s = ws_.subs[si];
+    const GpuLayer& N = W_.layers[next_layer];
+    const bool from_attn = from == Site::Attn, to_attn = to == Site::Attn;
+    const bf16* o = from_attn ? ws_.attn_out : s.recv[slot(Exchange::MoeSums)];
+    ctx_.phase(Phase::Other);
+    oc::mhc_post_pre(from_attn ? ws_.post_attn : s.post, from_attn ? ws_.comb_attn : s.comb, o,
+                     mhc_params(to_attn ? N.hc_attn : N.hc_ffn),
+                     (to_attn ? N.attn_norm : N.ffn_norm).as<float>(), float(cfg_.norm_eps), s.n,
+                     s.h, to_attn ? ws_.post_attn : s.post, to_attn ? ws_.comb_attn : s.comb,
+                     to_attn ? ws_.x : s.send[slot(Exchange::MoeInputs)], ws_.mixes, dev_.compute);
 }
 
 void Runner::attn_pack(int si, int li) {

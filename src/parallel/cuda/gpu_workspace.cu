@@ -4,6 +4,7 @@
 
 #include "model/kv_store.h"
 #include "ops/cuda/fp4.h"
+#include "ops/cuda/mhc.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
 #include "parallel/cuda/gpu_workspace.h"
@@ -101,7 +102,9 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     w.x = a.template take<bf16>(n * D);
     w.post_attn = a.template take<float>(n * hc);
     w.comb_attn = a.template take<float>(n * hc * hc);
-    w.mixes = a.template take<float>(n * (2 + hc) * hc);
+    // mhc_pre's mixing products, or the fused post + pre's partial sums (whichever is larger).
+    w.mixes = a.template take<float>(
+        std::max(n * (2 + hc) * hc, oc::mhc_post_pre_scratch_bytes(cfg.hc, D, n) / 4));
     w.attn_out = a.template take<bf16>(n * D);
     // The carried rows sit just before row 0 of the staging buffer.
     w.staging = a.template take<bf16>((d.carry + d.T + cp) * d.w_max);

@@ -78,7 +78,7 @@ struct Workspace {
     bf16* x = nullptr;           // [n_max, d_model]
     float* post_attn = nullptr;  // [n_max, hc]
     float* comb_attn = nullptr;  // [n_max, hc, hc]
-    float* mixes = nullptr;      // [n_max, (2 + hc) · hc] mHC mixing products
+    float* mixes = nullptr;      // mHC mixing products (or the fused post + pre's partial sums)
     bf16* attn_out = nullptr;    // [n_max, d_model]
     bf16* staging = nullptr;     // [T + cp, w_max] packed rows of the chunk, global order,
                                  // after Dims::carry rows that hold the chunk before's last rows
