@@ -146,6 +146,20 @@ TEST(GpuPrefill, MhcFusedEqualsApart) {
     }
 }
 
+// The warm-up's expert GEMM plans (GpuGroup::prepare_expert_plans) on bf16 experts: `cpfill run
+// --device cuda` on a bf16 / f32 checkpoint failed there once ("fp8_blocks: not an fp8 storage").
+TEST(GpuPrefill, ExpertPlansForBf16Experts) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    Fixture f = load_fixture(golden_fixtures().front(), 1);
+    GpuGroup g(GpuGroupOptions{});
+    upload(g, f);
+    EXPECT_GT(g.prepare_expert_plans(300), 0);
+    GpuRunOptions o;
+    o.all_logits = true;
+    o.expert_gemm = ExpertGemm::Streams;  // the path whose plans were made
+    expect_same(g.run(f.requests, o), run_gpu(f, 1, TboMode::Off, false), "after the expert plans");
+}
+
 // CP = 2 over NCCL, and CP = 4 and 8 where that many GPUs are visible, against CP = 1.
 TEST(GpuPrefill, CpOverNcclEqualsCp1) {
     CPFILL_SKIP_WITHOUT_GPU();
