@@ -46,7 +46,8 @@ struct GpuGroupOptions {
 //   13's cuBLAS: 345 vs 748 TFLOP/s at V4-Flash's shapes; kept for comparison); experts it cannot
 //   take (fp8 with (row, 128) scales, another GPU) use Streams;
 // * Auto: the faster as measured on the H200 (docs/fp8.md): Grouped for fp8 experts (cpfill's
-//   kernel, TMA-store epilogue), Streams for bf16 experts.
+//   kernel, TMA-store epilogue) while a layer has at most 512 rows per expert on average (short
+//   batches: many small GEMMs), else Streams; Streams for bf16 experts.
 enum class ExpertGemm { Auto, Streams, Grouped };
 
 struct GpuRunOptions {

@@ -135,7 +135,9 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     // cuBLAS's grouped GEMMs on expert stream 0, or a GEMM pair per expert, largest first, each on
     // the expert stream with the fewest rows so far. Every expert works on its own rows of every
     // buffer, so they never touch the same memory.
-    const bool fp8_grouped = experts_grouped_fp8(L, es.fp8_grouped);
+    const bool fp8_grouped =
+        experts_grouped_fp8(L, es.fp8_grouped) &&
+        (es.fp8_grouped_max_mean_rows == 0 || n_assign <= es.fp8_grouped_max_mean_rows * E);
     const bool grouped = (es.grouped && !fp8) || fp8_grouped;
     const int ns = fp8_grouped ? 0 : grouped ? 1 : es.count;
     CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));

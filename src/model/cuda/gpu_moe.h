@@ -62,10 +62,16 @@ struct GpuMoeScratch {
 // fewest rows so far, largest first; or two grouped GEMMs on stream 0 (GpuRunOptions::expert_gemm).
 constexpr int kMaxExpertStreams = 8;
 constexpr int kMaxGroupedExperts = 1024;  // routed experts the grouped path takes
+constexpr int64_t kGroupedFp8MaxMeanRows = 512;
 struct GpuExpertStreams {
     int count = kMaxExpertStreams;
     ops::cuda::GroupedGemm* grouped = nullptr;  // set: the grouped path of bf16 experts (stream 0)
-    bool fp8_grouped = false;  // fp8 experts with Tile128 scales: ops/cuda/grouped_fp8.h (stream 0)
+    bool fp8_grouped = false;  // fp8 experts with Tile128 scales: ops/cuda/grouped_fp8.h
+    // With fp8_grouped: only while a layer's mean routed rows per expert is at most this (0: any).
+    // `auto` sets kGroupedFp8MaxMeanRows: measured on the H200 (flash slice, docs/fp8.md) the
+    // grouped kernel wins at 8k tokens (192 rows per expert: 50.3 against 58.2 ms), ties at 16k
+    // and 32k, and loses 1% at 64k (1,536 rows) to the GEMM pairs on 4 streams.
+    int64_t fp8_grouped_max_mean_rows = 0;
     cudaStream_t stream[kMaxExpertStreams] = {};
     ops::cuda::GemmContext* gemm[kMaxExpertStreams] = {};
     cudaEvent_t fork = nullptr;

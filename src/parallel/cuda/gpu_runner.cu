@@ -39,8 +39,7 @@ void RankDevice::init_streams() {
 
 bool grouped_fp8_experts(ExpertGemm mode) {
     // Auto takes the faster path as measured (docs/fp8.md): for fp8 experts the grouped kernel
-    // with its TMA-store epilogue (1,269 / 1,225 TFLOP/s against cuBLASLt's 1,238 / 1,027 per
-    // expert at V4-Flash's shapes on the H200).
+    // with its TMA-store epilogue up to kGroupedFp8MaxMeanRows rows per expert (use_experts).
     return mode != ExpertGemm::Streams && ops::cuda::grouped_fp8_supported();
 }
 
@@ -55,6 +54,7 @@ void RankDevice::use_experts(int streams, ExpertGemm mode, int n_experts) {
     experts.count = streams;
     experts.grouped = nullptr;
     experts.fp8_grouped = grouped_fp8_experts(mode);
+    experts.fp8_grouped_max_mean_rows = mode == ExpertGemm::Auto ? kGroupedFp8MaxMeanRows : 0;
     if (mode != ExpertGemm::Grouped) return;
     CPFILL_CHECK(n_experts <= kMaxGroupedExperts, "{} routed experts: at most {} supported",
                  n_experts, kMaxGroupedExperts);
