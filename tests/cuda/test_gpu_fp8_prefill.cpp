@@ -269,15 +269,15 @@ TEST(GpuFp8Prefill, TboOnEqualsOff) {
     std::printf("[ compare ] fp8 TBO on vs off: argmax %.4f, %lld of %lld rows over 2e-2, %.3g\n",
                 a.argmax, static_cast<long long>(a.err.outliers),
                 static_cast<long long>(a.err.rows), a.err.frob);
-    EXPECT_LE(a.err.frob, 2e-2);
-    EXPECT_LE(a.err.outliers, a.err.rows / 10);
+    // A schedule change: every row to bf16 rounding (measured: bit-identical).
+    EXPECT_LE(a.err.frob, 1e-2);
+    EXPECT_EQ(a.err.outliers, 0);
+    for (const double e : row_errors_of(on, off)) EXPECT_LE(e, 1e-2);
     EXPECT_EQ(on.first_tokens, off.first_tokens);
 }
 
-// The routed experts through the grouped fp8 kernel (the default on an H200) and through a
-// cuBLASLt GEMM pair per expert: the same products summed in another order. Rows whose router
-// and indexer choices are the same in both runs must agree to a few bf16 roundings of the
-// logits; a rounding difference may flip a near-tie choice on some rows (counted, bounded).
+// The routed experts through the grouped fp8 kernel (`auto` on an H200 for short batches) and
+// through a cuBLASLt GEMM pair per expert: the same products, other kernels.
 TEST(GpuFp8Prefill, GroupedExpertsEqualPerExpertGemms) {
     CPFILL_SKIP_WITHOUT_GPU();
     if (!ops::cuda::grouped_fp8_supported()) GTEST_SKIP() << "needs compute capability 9.0";
@@ -302,8 +302,10 @@ TEST(GpuFp8Prefill, GroupedExpertsEqualPerExpertGemms) {
             "[ compare ] %s grouped vs per-expert GEMMs: %zu of %zu rows choose the same; their "
             "worst row error %.3g (all rows %.3g)\n",
             weights.c_str(), agreeing, e.size(), worst, worst_any);
-        EXPECT_GE(agreeing, e.size() * 9 / 10) << weights;
-        EXPECT_LE(worst, 2e-2) << weights;
+        // The same per-128 partial sums promoted in the same order: every row's choices and
+        // logits agree (measured: bit-identical on all 349 rows).
+        EXPECT_EQ(agreeing, e.size()) << weights;
+        EXPECT_LE(worst_any, 1e-2) << weights;
     }
 }
 

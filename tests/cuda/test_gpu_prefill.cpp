@@ -115,12 +115,29 @@ void expect_same(const PrefillOutput& a, const PrefillOutput& b, const std::stri
     }
 }
 
+// A schedule change (TBO on / off) or another kernel for the same products (grouped / per-expert
+// GEMMs) must agree on every row to bf16 rounding: no outlier rows (measured: bit-identical).
+constexpr double kBf16Rounding = 1e-2;
+void expect_every_row(const PrefillOutput& a, const PrefillOutput& b, const std::string& what) {
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t r = 0; r < a.logits.size(); ++r) {
+        const testing::RowErrors e = testing::row_errors(a.logits[r], b.logits[r], kBf16Rounding);
+        std::printf(
+            "[ compare ] %s request %zu: %lld of %lld rows over %.0e, worst row %lld %.3g\n",
+            what.c_str(), r, static_cast<long long>(e.outliers), static_cast<long long>(e.rows),
+            kBf16Rounding, static_cast<long long>(e.worst_row), e.worst);
+        EXPECT_TRUE(e.finite) << what;
+        EXPECT_EQ(e.outliers, 0) << what << " request " << r << ": worst row " << e.worst_row;
+        EXPECT_LE(e.frob, kBf16Rounding) << what << " request " << r;
+    }
+}
+
 TEST(GpuPrefill, TboOnEqualsOff) {
     CPFILL_SKIP_WITHOUT_GPU();
     for (const std::string& dir : golden_fixtures()) {
         Fixture f = load_fixture(dir, 1);
-        expect_same(run_gpu(f, 1, TboMode::On, false), run_gpu(f, 1, TboMode::Off, false),
-                    dir + " CP=1 TBO on vs off");
+        expect_every_row(run_gpu(f, 1, TboMode::On, false), run_gpu(f, 1, TboMode::Off, false),
+                         dir + " CP=1 TBO on vs off");
     }
 }
 
@@ -130,13 +147,15 @@ TEST(GpuPrefill, GroupedExpertsEqualPerExpertGemms) {
     CPFILL_SKIP_WITHOUT_GPU();
     for (const std::string& dir : golden_fixtures()) {
         Fixture f = load_fixture(dir, 1);
-        expect_same(run_gpu(f, 1, TboMode::Off, false, true),
-                    run_gpu(f, 1, TboMode::Off, false, false), dir + " grouped vs per-expert");
+        expect_every_row(run_gpu(f, 1, TboMode::Off, false, true),
+                         run_gpu(f, 1, TboMode::Off, false, false), dir + " grouped vs per-expert");
     }
 }
 
 // The fused mHC site boundary (ops/cuda/mhc.h mhc_post_pre) against mhc_post, mhc_pre and the
-// RMSNorm apart: the same math, the mixing products summed in another order.
+// RMSNorm apart: the same math, the mixing products summed in another order, so a bf16 collapse
+// may round the other way and flip a router near-tie on a few rows (run 4: 2 of 301 and 1 of 141
+// rows; the others within 0.5% Frobenius): the outlier rule of expect_same.
 TEST(GpuPrefill, MhcFusedEqualsApart) {
     CPFILL_SKIP_WITHOUT_GPU();
     for (const std::string& dir : golden_fixtures()) {
