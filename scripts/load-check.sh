@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Load throughput on a GPU machine, after scripts/gpu-check.sh built build-gpu: a checkpoint of
-# V4-Flash's dimensions (4 layers, 32 routed experts; upstream names, fp8 linears, fp4 experts;
+# V4-Flash's dimensions (scripts/configs/flash-slice-32-experts.json: 4 layers, 32 routed experts;
+# upstream names, fp8 linears, fp4 experts;
 # LOAD_VOCAB replaces the 129,280-id vocabulary, LOAD_WEIGHTS the list of --weights runs)
 # generated into a temporary folder, then `run --device cuda` loading it with --weights fp8 (fp4
 # experts re-encoded into fp8) and auto (fp4 kept), for each upload in LOAD_UPLOADS ("stored":
@@ -14,18 +15,11 @@ mkdir -p "$out"
 bin=build-gpu/cpfill
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir/config.json" "${LOAD_VOCAB:-129280}" <<'PY'
+python3 - scripts/configs/flash-slice-32-experts.json "$dir/config.json" "${LOAD_VOCAB:-129280}" <<'PY'
 import json, sys
-c = {"vocab_size": int(sys.argv[2]), "dim": 4096, "moe_inter_dim": 2048, "n_layers": 4, "n_hash_layers": 3,
-     "n_heads": 64, "n_routed_experts": 32, "n_shared_experts": 1, "n_activated_experts": 6,
-     "score_func": "sqrtsoftplus", "route_scale": 1.5, "swiglu_limit": 10.0, "q_lora_rank": 1024,
-     "head_dim": 512, "rope_head_dim": 64, "norm_eps": 1e-06, "o_groups": 8, "o_lora_rank": 1024,
-     "window_size": 128, "original_seq_len": 65536, "rope_theta": 10000.0, "rope_factor": 16.0,
-     "beta_fast": 32.0, "beta_slow": 1.0, "index_n_heads": 64, "index_head_dim": 128,
-     "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06,
-     "compress_rope_theta": 160000.0, "compress_ratios": [0, 0, 4, 128, 0], "dtype": "bf16",
-     "scale_fmt": "ue8m0", "expert_dtype": None, "scale_dtype": "fp8"}
-json.dump(c, open(sys.argv[1], "w"), indent=1)
+c = json.load(open(sys.argv[1]))
+c["vocab_size"] = int(sys.argv[3])
+json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 t0=$(date +%s.%N)
 "$bin" gen-model --config "$dir/config.json" --names upstream --dtype fp8 --experts fp4 \

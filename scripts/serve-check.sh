@@ -3,7 +3,9 @@
 # the release's formats (upstream names, fp8 linears, fp4 experts; SERVE_PRESET, default tiny),
 # `serve --device cuda` on an ephemeral port, the first request's TTFT against warm ones, and
 # `bench-serve` at 1 and 8 clients (SERVE_LENGTHS, default 200,1k). SERVE_PRESET=flash-slice has
-# all 256 experts (~30 GB to write: many minutes; scripts/load-check.sh's 32-expert slice is 4.4 GB). SERVE_LONG=N adds one request
+# all 256 experts (~30 GB to write: many minutes); SERVE_CONFIG=scripts/configs/flash-slice-32-
+# experts.json is V4-Flash's dimensions with 32 experts (4.4 GB, as scripts/load-check.sh loads).
+# SERVE_LONG=N adds one request
 # of N tokens, over the default 8192-token batch budget, which the server runs in chunks. Logs and
 # results under $OUT (or ./gpu-out).
 set -uo pipefail
@@ -14,7 +16,12 @@ bin=build-gpu/cpfill
 model=$(mktemp -d)/model
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$(dirname "$model")"' EXIT
-"$bin" gen-model --preset "${SERVE_PRESET:-tiny}" --names upstream --dtype fp8 --experts fp4 \
+if [ -n "${SERVE_CONFIG:-}" ]; then
+    source_args=(--config "$SERVE_CONFIG")
+else
+    source_args=(--preset "${SERVE_PRESET:-tiny}")
+fi
+"$bin" gen-model "${source_args[@]}" --names upstream --dtype fp8 --experts fp4 \
     --out "$model" >"$out/serve-gen.log" 2>&1 || { echo "serve-check: gen-model failed"; exit 1; }
 "$bin" serve --model "$model" --device cuda --port 0 >"$out/serve.out" 2>"$out/serve.log" &
 pid=$!
