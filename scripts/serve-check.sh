@@ -40,13 +40,13 @@ done
 status=0
 ids=$(python3 -c 'import random; random.seed(1); print(",".join(str(random.randrange(500)) for _ in range(200)))')
 for i in 1 2 3; do  # the first request after the warm-up, then warm ones
-    curl -s -X POST "$url/v1/prefill" -d "{\"input_ids\": [[${ids}]], \"top_logprobs\": 3}" \
+    curl -s -X POST "$url/v1/prefill" -H 'Content-Type: application/json' -d "{\"input_ids\": [[${ids}]], \"top_logprobs\": 3}" \
         >"$out/serve-prefill-$i.json" || status=1
 done
 if [ -n "${SERVE_LONG:-}" ]; then
     python3 -c "import random; random.seed(2); print('{\"input_ids\": [[' + ','.join(str(random.randrange(500)) for _ in range(${SERVE_LONG})) + ']]}')" >"$out/serve-long-request.json"
     code=$(curl -s -o "$out/serve-long.json" -w '%{http_code}' -X POST "$url/v1/prefill" \
-        --data-binary @"$out/serve-long-request.json")
+        -H 'Content-Type: application/json' --data-binary @"$out/serve-long-request.json")
     [ "$code" = 200 ] || status=1
     python3 - "$out/serve-long.json" "$code" "$SERVE_LONG" <<'PY' || status=1
 import json, sys

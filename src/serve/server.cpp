@@ -121,12 +121,19 @@ void PrefillServer::add_routes() {
     http_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
                                                                      httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        const std::string msg = res.status == 404
-                                    ? fmt::format(
-                                          "no endpoint {} {}: expected POST /v1/prefill, POST "
-                                          "/v1/completions, GET /health, /v1/models or /metrics",
-                                          req.method, req.path)
-                                    : fmt::format("HTTP status {}", res.status);
+        std::string msg = fmt::format("HTTP status {}", res.status);
+        if (res.status == 404)
+            msg = fmt::format(
+                "no endpoint {} {}: expected POST /v1/prefill, POST /v1/completions, GET /health, "
+                "/v1/models or /metrics",
+                req.method, req.path);
+        // httplib caps form-encoded bodies (curl -d's default type) at 8 KiB, before any handler.
+        if (res.status == 413 &&
+            req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded"))
+            msg =
+                "a body over 8192 bytes sent as application/x-www-form-urlencoded (curl -d's "
+                "default), which the HTTP library refuses: send it with the header Content-Type: "
+                "application/json";
         res.set_content(error_body(msg, "invalid_request_error", res.status), "application/json");
         return httplib::Server::HandlerResponse::Handled;
     }));

@@ -179,6 +179,23 @@ TEST(Server, BadRequestsAreAnsweredAndNothingElseIsAffected) {
     expect_matches_engine(j["requests"][0], good, 2, "after the bad requests");
 }
 
+// curl -d sends application/x-www-form-urlencoded, which httplib caps at 8 KiB before any
+// handler: a long prompt sent so gets a 413 that says what to send instead.
+TEST(Server, ALongFormEncodedBodyIs413NamingTheContentType) {
+    TestServer srv;
+    const std::string body = json({{"input_ids", std::vector<int32_t>(3000, 123)}}).dump();
+    ASSERT_GT(body.size(), 8192u);
+    auto r = srv.client()->Post("/v1/prefill", body, "application/x-www-form-urlencoded");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 413);
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find("Content-Type: application/json"), std::string::npos) << msg;
+    // The same body as JSON is served.
+    EXPECT_EQ(srv.post("/v1/prefill", body).first, 200);
+}
+
 TEST(Server, AFullQueueIs503WithRetryAfter) {
     test::ServerSetup s;
     s.hold_batches = true;
