@@ -16,6 +16,7 @@
 #include "runtime/device.h"
 #include "serve/server.h"
 #include "tools/commands.h"
+#include "tools/mpi_session.h"
 #include "tools/prompt.h"
 
 namespace cpfill::tools {
@@ -160,6 +161,12 @@ double warm_up(PrefillEngine& engine, const serve::ServerOptions& o) {
 }
 
 int serve_main(const ServeArgs& a) {
+    // One server process drives every GPU (a thread per CP rank); rank 0 of an mpirun job would
+    // have to hand each batch to the other processes, which serve does not do (docs/serve.md).
+    CPFILL_CHECK(mpirun_processes() < 2,
+                 "serve runs as one process: started by mpirun with {} processes; for several "
+                 "GPUs start one server with --device cuda --cp N (a thread per GPU)",
+                 mpirun_processes());
     CPFILL_CHECK(a.device == "cpu" || a.device == "cuda", "--device {}: expected cpu or cuda",
                  a.device);
     if (a.device == "cuda") require_cuda_device();

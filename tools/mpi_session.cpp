@@ -20,13 +20,14 @@ int env_int(const char* name, int fallback) {
     return v && *v ? std::atoi(v) : fallback;
 }
 
-// Processes mpirun started, from OpenMPI's or a PMI launcher's environment (1 when none).
-int launched_size() { return std::max(env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("PMI_SIZE", 1)); }
-
 }  // namespace
 
+int mpirun_processes() {
+    return std::max(env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("PMI_SIZE", 1));
+}
+
 MpiSession::MpiSession() {
-    if (launched_size() < 2) return;
+    if (mpirun_processes() < 2) return;
 #ifdef CPFILL_HAVE_MPI
     int inited = 0;
     MPI_Initialized(&inited);
@@ -39,7 +40,7 @@ MpiSession::MpiSession() {
     CPFILL_FAIL(
         "started by mpirun with {} processes, but this cpfill was built without MPI (install "
         "libopenmpi-dev and rebuild)",
-        launched_size());
+        mpirun_processes());
 #endif
 }
 

@@ -8,6 +8,9 @@
 
 namespace cpfill::tools {
 
+// Processes mpirun (or a PMI launcher) started, from their environment; 1 when none.
+int mpirun_processes();
+
 class MpiSession {
   public:
     // MPI_Init when launched by mpirun with ≥ 2 processes; inactive otherwise. Throws when the

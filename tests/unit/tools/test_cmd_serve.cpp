@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -151,6 +152,20 @@ TEST(CmdServe, SigtermFinishesTheRunningBatchRefusesTheQueuedAndExits0) {
     EXPECT_NE(err.find("SIGTERM received"), std::string::npos) << err;
     EXPECT_NE(err.find("4 tokens"), std::string::npos) << err;
     EXPECT_NE(err.find("status 503"), std::string::npos) << err;
+}
+
+// Under mpirun every process would start a server of its own on one GPU: serve refuses, naming
+// the one-process way to use several GPUs, before it binds a port or loads anything.
+TEST(CmdServe, UnderMpirunIsRefusedNamingCp) {
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    const test::CliResult r = test::run_cli("serve --model /nonexistent --port 0");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("error: serve runs as one process: started by mpirun with 2 processes"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("--cp N"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
 }
 
 }  // namespace
