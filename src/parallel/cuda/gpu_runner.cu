@@ -132,6 +132,30 @@ class Runner final : public RankBackend {
             m.fn.as<float>(), m.base.as<float>(),     m.scale.as<float>(), cfg_.hc,
             cfg_.d_model,     cfg_.hc_sinkhorn_iters, float(cfg_.hc_eps),  float(cfg_.norm_eps)};
     }
+    // What an mHC site of sub-batch s reads and writes: its weights, its post / comb (the
+    // attention site's are shared scratch, used from its collapse to its residual update; the MoE
+    // site's live in the sub-batch from its attention stage to its moe_finish), the sub-block's
+    // output the residual update takes, and where the collapse goes after its RMSNorm (the MoE
+    // input straight into its all-gather's send buffer).
+    struct SiteIo {
+        oc::MhcDeviceParams mhc;
+        const float* norm;
+        float *post, *comb;
+        const bf16* block_out;
+        bf16* collapse_to;
+    };
+    SiteIo site_io(SubState& s, const GpuLayer& L, Site site) const {
+        if (site == Site::Attn)
+            return {mhc_params(L.hc_attn), L.attn_norm.as<float>(),
+                    ws_.post_attn,         ws_.comb_attn,
+                    ws_.attn_out,          ws_.x};
+        return {mhc_params(L.hc_ffn),
+                L.ffn_norm.as<float>(),
+                s.post,
+                s.comb,
+                s.recv[slot(Exchange::MoeSums)],
+                s.send[slot(Exchange::MoeInputs)]};
+    }
     void record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
                      bool widen_bf16);
     void record_kv_tails(SubState& s, int li, const bf16* stage);
@@ -260,31 +284,20 @@ void Runner::begin_layer(int li) {
                  "injected fault (GpuRunOptions::fail_rank) at layer {}", li);
 }
 
-// The attention site's post / comb are shared scratch (a sub-batch's attention stage uses them
-// from its collapse to its residual update); the MoE site's live in the sub-batch from its
-// attention stage to its moe_finish.
 void Runner::collapse(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
-    const GpuLayer& L = W_.layers[li];
-    const cudaStream_t st = dev_.compute;
-    const bool attn = site == Site::Attn;
+    const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
-    oc::mhc_pre(mhc_params(attn ? L.hc_attn : L.hc_ffn), s.h, s.n, attn ? ws_.post_attn : s.post,
-                attn ? ws_.comb_attn : s.comb, ws_.x, *dev_.gemm, ws_.mixes, st);
-    // The MoE input goes straight into its all-gather's send buffer.
-    oc::rmsnorm(ws_.x, s.n, cfg_.d_model, (attn ? L.attn_norm : L.ffn_norm).as<float>(),
-                float(cfg_.norm_eps), attn ? ws_.x : s.send[slot(Exchange::MoeInputs)], st);
+    oc::mhc_pre(io.mhc, s.h, s.n, io.post, io.comb, ws_.x, *dev_.gemm, ws_.mixes, dev_.compute);
+    oc::rmsnorm(ws_.x, s.n, cfg_.d_model, io.norm, float(cfg_.norm_eps), io.collapse_to,
+                dev_.compute);
 }
 
-void Runner::residual(int si, int /*layer*/, Site site) {
+void Runner::residual(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
+    const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
-    if (site == Site::Attn)
-        oc::mhc_post(ws_.post_attn, ws_.comb_attn, ws_.attn_out, cfg_.hc, cfg_.d_model, s.n, s.h,
-                     dev_.compute);
-    else
-        oc::mhc_post(s.post, s.comb, s.recv[slot(Exchange::MoeSums)], cfg_.hc, cfg_.d_model, s.n,
-                     s.h, dev_.compute);
+    oc::mhc_post(io.post, io.comb, io.block_out, cfg_.hc, cfg_.d_model, s.n, s.h, dev_.compute);
 }
 
 // One pass where the site `from` of `layer` hands the residual to the site `to` of `next_layer`:
@@ -295,15 +308,10 @@ void Runner::residual_collapse(int si, int layer, Site from, int next_layer, Sit
         return;
     }
     SubState& s = ws_.subs[si];
-    const GpuLayer& N = W_.layers[next_layer];
-    const bool from_attn = from == Site::Attn, to_attn = to == Site::Attn;
-    const bf16* o = from_attn ? ws_.attn_out : s.recv[slot(Exchange::MoeSums)];
+    const SiteIo a = site_io(s, W_.layers[layer], from), b = site_io(s, W_.layers[next_layer], to);
     ctx_.phase(Phase::Other);
-    oc::mhc_post_pre(from_attn ? ws_.post_attn : s.post, from_attn ? ws_.comb_attn : s.comb, o,
-                     mhc_params(to_attn ? N.hc_attn : N.hc_ffn),
-                     (to_attn ? N.attn_norm : N.ffn_norm).as<float>(), float(cfg_.norm_eps), s.n,
-                     s.h, to_attn ? ws_.post_attn : s.post, to_attn ? ws_.comb_attn : s.comb,
-                     to_attn ? ws_.x : s.send[slot(Exchange::MoeInputs)], ws_.mixes, dev_.compute);
+    oc::mhc_post_pre(a.post, a.comb, a.block_out, b.mhc, b.norm, float(cfg_.norm_eps), s.n, s.h,
+                     b.post, b.comb, b.collapse_to, ws_.mixes, dev_.compute);
 }
 
 void Runner::attn_pack(int si, int li) {
