@@ -39,7 +39,7 @@ struct Sub {
     std::vector<float> h;            // [n_local, hc, d_model]
     std::vector<float> post, comb, x, mix, normed, out, global;
     AttnScratch attn;
-    std::array<const float*, static_cast<size_t>(Exchange::kCount)> received{};  // after wait()
+    std::array<const float*, kExchanges> received{};  // by slot(), after wait()
 };
 
 // One CPU rank as the engine's backend (parallel/engine.h): the block's ops on fp32 host rows.
@@ -162,9 +162,8 @@ void RankRunner::collapse(int si, int li, Site site) {
 
 void RankRunner::residual(int si, int /*layer*/, Site site) {
     Sub& s = subs_[si];
-    const float* o = site == Site::Attn
-                         ? s.out.data()
-                         : s.received[static_cast<size_t>(Exchange::MoeSums)];  // [n_local, D]
+    const float* o =
+        site == Site::Attn ? s.out.data() : s.received[slot(Exchange::MoeSums)];  // [n_local, D]
     ops::mhc_post(s.post.data(), s.comb.data(), o, cfg_.hc, cfg_.d_model, s.rows.n(), s.h.data(),
                   pool_);
 }
@@ -188,8 +187,8 @@ void RankRunner::kv_append(int si, int li) {
     const LayerWeights& L = w_.layers[li];
     const int64_t n = s.rows.n(), wd = width(Exchange::AttnInputs, li);
     s.global.resize(s.layout.n_tokens * wd);
-    rerange(s.received[static_cast<size_t>(Exchange::AttnInputs)], ctx_.cp_size, n, wd,
-            s.layout.n_tokens, s.global.data());
+    rerange(s.received[slot(Exchange::AttnInputs)], ctx_.cp_size, n, wd, s.layout.n_tokens,
+            s.global.data());
     for (const Segment& seg : s.batch->segments) {
         LayerKv& kv = store_[seg.request][li];
         CPFILL_CHECK(kv.n_tokens == seg.pos0,
@@ -223,7 +222,7 @@ void RankRunner::moe_experts(int si, int li) {
     Sub& s = subs_[si];
     const LayerWeights& L = w_.layers[li];
     const int64_t n = s.rows.n(), D = cfg_.d_model, all = s.layout.padded;
-    const float* y_all = s.received[static_cast<size_t>(Exchange::MoeInputs)];  // [padded, D]
+    const float* y_all = s.received[slot(Exchange::MoeInputs)];  // [padded, D]
     float* partial = coll_->send(Exchange::MoeSums, si, n * D);
     std::vector<int32_t> routes(opt_.record_topk && collect_ ? all * cfg_.top_k : 0);
     moe_forward(L.moe, L.mlp, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_,
@@ -241,7 +240,7 @@ void RankRunner::start(Exchange e, int si, int li) {
 }
 
 void RankRunner::wait(Exchange e, int si, int /*layer*/) {
-    subs_[si].received[static_cast<size_t>(e)] = coll_->finish(e, si);
+    subs_[si].received[slot(e)] = coll_->finish(e, si);
 }
 
 void RankRunner::head(int si) {
@@ -332,8 +331,8 @@ PrefillOutput cp_prefill(const std::vector<const ModelWeights*>& rank_weights,
     CPFILL_CHECK(C >= 1 && static_cast<int>(rank_weights.size()) == C,
                  "cp size {} but weights for {} ranks", C, rank_weights.size());
     const ModelConfig& cfg = rank_weights[0]->cfg;
-    validate_requests(requests, cfg.vocab_size);
-    const RunPlan plan = make_run_plan(requests, cfg, C, opt.tbo, opt.chunk, tbo_pays);
+    const RunPlan plan =
+        make_run_plan(requests, cfg, C, opt.tbo, opt.chunk, tbo_pays);  // validates
     PrefillOutput out =
         make_prefill_output(cfg, requests, opt.all_logits, opt.record_hidden, opt.record_topk);
     if (plan.chunks.size() > 1) out.chunk = opt.chunk;

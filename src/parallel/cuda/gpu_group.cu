@@ -436,7 +436,6 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
         CPFILL_CHECK(r->weights != nullptr, "rank {} has no weights (load or randomize first)",
                      r->rank);
     const ModelConfig& cfg = g.ranks[0]->weights->cfg;
-    validate_requests(requests, cfg.vocab_size);
     const int C = g.opt.cp;
     // Memory check before any work: the workspace must fit beside the weights. With `auto`, a
     // batch that does not fit whole may still fit split in two (each sub-batch's MoE buffers are
@@ -447,7 +446,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     // differ between processes: there the plan is the one asked for, and the error names the
     // --chunk that would fit.
     const bool one_process = g.ranks.size() == static_cast<size_t>(C);
-    RunPlan plan = make_run_plan(requests, cfg, C, opt.tbo, opt.chunk, gpu_tbo_rule);
+    RunPlan plan = make_run_plan(requests, cfg, C, opt.tbo, opt.chunk, gpu_tbo_rule);  // validates
     std::string short_of = memory_shortfall(g, cfg, plan, opt);
     int64_t fitting_chunk = 0;
     if (!short_of.empty() && one_process && opt.tbo == TboMode::Auto && !plan.tbo()) {
