@@ -413,6 +413,10 @@ TEST(Cli, UnknownExpertGemmIsAUsageError) {
                        {"--expert-gemm", "fastest", "auto", "grouped", "streams"});
 }
 
+TEST(Cli, UnknownMhcFusedIsAUsageError) {
+    expect_usage_error(run_cli("bench --mhc-fused maybe"), {"--mhc-fused", "maybe", "on", "off"});
+}
+
 TEST(Cli, TestHookIsNotInTheHelp) {
     Result h = run_cli("run --help");
     EXPECT_EQ(h.code, 0) << h.out;
