@@ -118,7 +118,53 @@ TEST_P(CudaRmsnorm, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaRmsnorm,
                          ::testing::Values(std::pair<int64_t, int64_t>{1, 1}, std::pair{3, 48},
                                            std::pair{17, 512}, std::pair{5, 16384},
-                                           std::pair{1000, 1024}));
+                                           std::pair{1000, 1024}, std::pair{9, 128},
+                                           std::pair{9, 256}, std::pair{4, 2048}));
+
+// rmsnorm_rope against the CPU's rmsnorm then apply_rope, per head block, on rows of a wider
+// stride written to a separate output of another stride; widths with the warp-per-block kernel
+// (128, 512) and without it (96).
+TEST(CudaRmsnormRope, MatchesCpuNormThenRope) {
+    SKIP_WITHOUT_GPU();
+    const int64_t rows = 29;
+    const int heads = 3, rope_dim = 64;
+    ops::RopeTable table(RopeParams{}, rope_dim);
+    auto dfreq = cuda::upload_f32(table.inv_freq().data(), table.inv_freq().size());
+    std::vector<int64_t> pos(rows);
+    for (int64_t i = 0; i < rows; ++i) pos[i] = i * 977 % 70000;
+    cuda::DeviceBuffer dpos(rows * 8);
+    CPFILL_CUDA_CHECK(cudaMemcpy(dpos.as<void>(), pos.data(), rows * 8, cudaMemcpyHostToDevice));
+    for (const int head_dim : {512, 128, 96}) {
+        const int64_t width = int64_t{heads} * head_dim, ldx = width + 8, ldy = width + 4;
+        auto x = random_bf16(rows * ldx, 21 + head_dim, 3.0f), w = random_bf16(head_dim, 22);
+        for (const bool weighted : {false, true}) {
+            std::vector<float> ref(rows * width);
+            for (int64_t r = 0; r < rows; ++r)
+                ops::rmsnorm(x.data() + r * ldx, heads, head_dim, weighted ? w.data() : nullptr,
+                             1e-6f, ref.data() + r * width);
+            ops::apply_rope(table, ref.data(), rows, width, heads, head_dim, pos.data(), false);
+            auto dx = cuda::upload_bf16(x.data(), x.size());
+            auto dw = cuda::upload_f32(w.data(), w.size());
+            cuda::DeviceBuffer dy(rows * ldy * 2);
+            ops::cuda::NormRope p;
+            p.heads = heads;
+            p.head_dim = head_dim;
+            p.w = weighted ? dw.as<float>() : nullptr;
+            p.rope_dim = rope_dim;
+            p.inv_freq = dfreq.as<float>();
+            p.pos = dpos.as<int64_t>();
+            ops::cuda::rmsnorm_rope(dx.as<__nv_bfloat16>(), ldx, dy.as<__nv_bfloat16>(), ldy, rows,
+                                    p, nullptr);
+            CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> y = cuda::download_bf16(dy, rows * ldy);
+            std::vector<float> got(rows * width);
+            for (int64_t r = 0; r < rows; ++r)
+                std::copy_n(y.begin() + r * ldy, width, got.begin() + r * width);
+            EXPECT_LE(rel_err(got, ref), 1e-2)
+                << "head_dim " << head_dim << ", weighted " << weighted;
+        }
+    }
+}
 
 TEST(CudaRope, MatchesCpuPlainAndYarn) {
     SKIP_WITHOUT_GPU();

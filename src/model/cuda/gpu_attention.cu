@@ -18,8 +18,22 @@ namespace oc = ops::cuda;
 
 namespace {
 
-const float* inv_freq(const GpuWeights& W, const GpuLayer& L) {
-    return (L.type == AttnType::Sliding ? W.inv_freq_main : W.inv_freq_compress).as<float>();
+const DeviceBuffer& inv_freq(const GpuWeights& W, const GpuLayer& L) {
+    return L.type == AttnType::Sliding ? W.inv_freq_main : W.inv_freq_compress;
+}
+
+// RMSNorm of `heads` blocks of `dim` channels, then RoPE on their last rope_dim channels.
+oc::NormRope norm_rope(const ModelConfig& cfg, int heads, int64_t dim, const float* w,
+                       const DeviceBuffer& freq, const int64_t* pos) {
+    oc::NormRope p;
+    p.heads = heads;
+    p.head_dim = static_cast<int>(dim);
+    p.w = w;
+    p.eps = float(cfg.norm_eps);
+    p.rope_dim = cfg.rope_dim;
+    p.inv_freq = freq.as<float>();
+    p.pos = pos;
+    return p;
 }
 
 // A bf16-only projection (the compressors' and the router's: bf16 in the release).
@@ -42,9 +56,17 @@ void pool(const GpuCtx& c, const GpuWeights& W, const GpuCompressor& comp, int r
     bf16* out = dst + first * dim;
     oc::compress_pool({ratio, dim, overlap}, rows + c_off, rows + z_off, ld, row0,
                       comp.ape.as<float>(), first, last, out, c.stream);
-    oc::rmsnorm(out, last - first, dim, comp.norm.as<float>(), float(cfg.norm_eps), out, c.stream);
-    oc::apply_rope(out, last - first, dim, 1, static_cast<int>(dim), cfg.rope_dim,
-                   W.inv_freq_compress.as<float>(), win_pos + first, false, c.stream);
+    oc::rmsnorm_rope(
+        out, dim, out, dim, last - first,
+        norm_rope(cfg, 1, dim, comp.norm.as<float>(), W.inv_freq_compress, win_pos + first),
+        c.stream);
+}
+
+// Rows [begin, end) of x [·, width] set to zero.
+void zero_rows(const GpuCtx& c, bf16* x, int64_t begin, int64_t end, int64_t width) {
+    if (end > begin)
+        CPFILL_CUDA_CHECK(
+            cudaMemsetAsync(x + begin * width, 0, (end - begin) * width * sizeof(bf16), c.stream));
 }
 
 }  // namespace
@@ -67,12 +89,11 @@ void gpu_attn_pack(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
     const int64_t n = rows.n, D = cfg.d_model, d = cfg.head_dim;
     const int64_t ld = packed_widths(cfg, L.type).total();
     c.phase(Phase::Attention);
-    // Window key: rope(kv_norm(x · wkv)), then into column 0 of the packed rows.
-    linear(c, xn, n, L.wkv, s.key, d);
-    oc::rmsnorm(s.key, n, d, L.kv_norm.as<float>(), float(cfg.norm_eps), s.key, c.stream);
-    oc::apply_rope(s.key, n, d, 1, static_cast<int>(d), cfg.rope_dim, inv_freq(W, L), rows.pos,
-                   false, c.stream);
-    oc::copy_cols_bf16(s.key, d, n, d, packed, ld, c.stream);
+    // Window key: rope(kv_norm(x · wkv)) in column 0 of the packed rows.
+    linear(c, xn, n, L.wkv, packed, ld);
+    oc::rmsnorm_rope(packed, ld, packed, ld, n,
+                     norm_rope(cfg, 1, d, L.kv_norm.as<float>(), inv_freq(W, L), rows.pos),
+                     c.stream);
     if (L.type == AttnType::Sliding) return;
     c.phase(Phase::Compressor);
     const bool csa = L.type == AttnType::CSA;
@@ -97,14 +118,14 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, c
     linear(c, xn, n, L.wq_a, s.cq, cfg.q_rank);
     oc::rmsnorm(s.cq, n, cfg.q_rank, L.q_norm.as<float>(), eps, s.cq, c.stream);
     linear(c, s.cq, n, L.wq_b, s.q, Hd);
-    oc::rmsnorm(s.q, n * H, d, nullptr, eps, s.q, c.stream);
-    oc::apply_rope(s.q, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, false, c.stream);
+    oc::rmsnorm_rope(s.q, Hd, s.q, Hd, n, norm_rope(cfg, H, d, nullptr, inv_freq(W, L), rows.pos),
+                     c.stream);
     if (L.type != AttnType::CSA) return;
     c.phase(Phase::Indexer);
     const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
     linear(c, s.cq, n, L.idx_wq_b, s.qI, int64_t{nI} * dI);
-    oc::apply_rope(s.qI, n, int64_t{nI} * dI, nI, dI, cfg.rope_dim, inv_freq(W, L), rows.pos, false,
-                   c.stream);
+    oc::apply_rope(s.qI, n, int64_t{nI} * dI, nI, dI, cfg.rope_dim, inv_freq(W, L).as<float>(),
+                   rows.pos, false, c.stream);
     oc::gemm_bf16(*c.gemm, xn, D, n, D, L.idx_weights_proj.as<bf16>(), nI, nullptr, s.wI, nI, false,
                   c.stream);
     oc::scale_f32(s.wI, n * nI, 1.0f / std::sqrt(float(nI)), c.stream);
@@ -148,7 +169,13 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
     const bool csa = L.type == AttnType::CSA;
     const int ratio = cfg.ratio(layer);
     const int K = cfg.index_topk;
-    CPFILL_CUDA_CHECK(cudaMemsetAsync(s.o, 0, n * Hd * sizeof(bf16), c.stream));
+    // The attention writes every row of a segment; the rows between segments (padding) are zeros.
+    int64_t covered = 0;
+    for (const LocalSegment& seg : rows.segments) {
+        zero_rows(c, s.o, covered, seg.begin, Hd);
+        covered = seg.end;
+    }
+    zero_rows(c, s.o, covered, n, Hd);
     if (csa) CPFILL_CUDA_CHECK(cudaMemsetAsync(s.topk, 0xff, n * K * sizeof(int32_t), c.stream));
     for (const LocalSegment& seg : rows.segments) {
         const GpuLayerKv& kv = store[seg.request][layer];
@@ -194,7 +221,8 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         oc::attention_tc(a, c.stream);
     }
     c.phase(Phase::Attention);
-    oc::apply_rope(s.o, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L), rows.pos, true, c.stream);
+    oc::apply_rope(s.o, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L).as<float>(), rows.pos, true,
+                   c.stream);
     const int g = cfg.o_groups;
     const int64_t group_in = Hd / g, ro = cfg.o_rank;
     // wo_a: group gi's rows [gi · ro, (gi + 1) · ro) of the weight on columns [gi · group_in, …)

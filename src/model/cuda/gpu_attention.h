@@ -40,7 +40,6 @@ struct GpuRows {
 
 // Scratch shared by the sub-batches (their stages run in order on one stream).
 struct GpuAttnScratch {
-    bf16* key = nullptr;      // [n, head_dim]
     bf16* cq = nullptr;       // [n, q_rank]
     bf16* q = nullptr;        // [n, n_heads · head_dim]
     bf16* o = nullptr;        // [n, n_heads · head_dim]

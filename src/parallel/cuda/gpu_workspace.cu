@@ -112,7 +112,6 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     w.carry.assign(d.carry > 0 ? cfg.n_layers : 0, nullptr);
     for (bf16*& c : w.carry) c = a.template take<bf16>(d.carry * d.w_max);
     GpuAttnScratch& s = w.attn;
-    s.key = a.template take<bf16>(n * cfg.head_dim);
     s.cq = a.template take<bf16>(n * cfg.q_rank);
     s.q = a.template take<bf16>(n * Hd);
     s.o = a.template take<bf16>(n * Hd);
