@@ -4,7 +4,9 @@
 // below a tile) key lists; 1, 37 and 300 queries at positions near 0, at the window's and the
 // compressed windows' edges, in a consecutive run and at random. (The CUDA-core kernel it was also
 // compared with is gone, stop 18.) The data builders repeat test_attention_cuda.cpp's (that file's
-// helpers are private to it). DISABLED_ rates: scripts/attention-tc-check.sh.
+// helpers are private to it). CudaAttentionTcNormRope: the per-head RMSNorm and RoPE folded into
+// the kernel (AttnArgs q_norm, rope_dim) on raw queries, against the CPU ops the model uses and
+// against the separate GPU passes they replace. DISABLED_ rates: scripts/attention-tc-check.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,10 @@
 #include "cuda_test_util.h"
 #include "ops/attention.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/rope.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
 
 namespace cpfill {
 namespace {
@@ -213,11 +219,102 @@ INSTANTIATE_TEST_SUITE_P(
                       TcCase{80, Keys::kCsa, 37}, TcCase{128, Keys::kHcaDense, 64, 60.0f}),
     case_name);
 
+// Folded norm and RoPE as the model uses them (model/attention.cpp): eps 1e-6, 64 RoPE channels.
+constexpr int kRopeDim = 64;
+constexpr float kNormEps = 1e-6f;
+
+void fold_norm_rope(ops::cuda::AttnArgs& a, const cuda::DeviceBuffer& inv_freq) {
+    a.q_norm = true;
+    a.q_norm_eps = kNormEps;
+    a.rope_dim = kRopeDim;
+    a.inv_freq = inv_freq.as<float>();
+}
+
+class CudaAttentionTcNormRope : public ::testing::TestWithParam<TcCase> {};
+
+// Raw queries: the reference normalises and rotates them on the host and de-rotates its output.
+TEST_P(CudaAttentionTcNormRope, MatchesCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const AttnCase c = make_case(GetParam());
+    SCOPED_TRACE(testing::Message() << "heads " << c.n_heads << ", ratio " << c.ratio << ", top_k "
+                                    << c.top_k << ", queries " << c.pos.size() << ", seeds 90-94");
+    const int64_t n_q = static_cast<int64_t>(c.pos.size()), ld = int64_t{c.n_heads} * kHeadDim;
+    const ops::RopeTable rope(RopeParams{}, kRopeDim);
+    const AttnData d = make_data(c, 90);
+    AttnData normed = d;
+    ops::rmsnorm(normed.q.data(), n_q * c.n_heads, kHeadDim, nullptr, kNormEps, normed.q.data());
+    ops::apply_rope(rope, normed.q.data(), n_q, ld, c.n_heads, kHeadDim, c.pos.data(), false);
+    std::vector<float> ref = cpu_attention(c, normed);
+    ops::apply_rope(rope, ref.data(), n_q, ld, c.n_heads, kHeadDim, c.pos.data(), true);
+
+    DeviceAttn dev(c, d);
+    const cuda::DeviceBuffer inv_freq = upload(rope.inv_freq());
+    fold_norm_rope(dev.args, inv_freq);
+    ops::cuda::attention_tc(dev.args, nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    const Diff diffs = print_diff("out", diff(cuda::download_bf16(dev.out, ref.size()), ref));
+    EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+}
+
+// The same raw queries through the passes the options replace: rmsnorm, apply_rope, attention_tc
+// with the options off, inverse apply_rope. Those round q and out twice where the kernel rounds
+// once (and sum the squares in another order), so rows differ by a bf16 ulp here and there:
+// allowed 3 ulps at the output's scale.
+TEST_P(CudaAttentionTcNormRope, MatchesSeparateKernels) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const AttnCase c = make_case(GetParam());
+    SCOPED_TRACE(testing::Message() << "heads " << c.n_heads << ", ratio " << c.ratio << ", top_k "
+                                    << c.top_k << ", queries " << c.pos.size() << ", seeds 90-94");
+    const int64_t n_q = static_cast<int64_t>(c.pos.size()), ld = int64_t{c.n_heads} * kHeadDim;
+    const ops::RopeTable rope(RopeParams{}, kRopeDim);
+    const cuda::DeviceBuffer inv_freq = upload(rope.inv_freq());
+    const AttnData d = make_data(c, 90);
+
+    DeviceAttn separate(c, d);
+    __nv_bfloat16* q = separate.q.as<__nv_bfloat16>();
+    ops::cuda::rmsnorm(q, n_q * c.n_heads, kHeadDim, nullptr, kNormEps, q, nullptr);
+    ops::cuda::apply_rope(q, n_q, ld, c.n_heads, kHeadDim, kRopeDim, inv_freq.as<float>(),
+                          separate.args.pos, false, nullptr);
+    ops::cuda::attention_tc(separate.args, nullptr);
+    ops::cuda::apply_rope(separate.args.out, n_q, ld, c.n_heads, kHeadDim, kRopeDim,
+                          inv_freq.as<float>(), separate.args.pos, true, nullptr);
+
+    DeviceAttn fused(c, d);
+    fold_norm_rope(fused.args, inv_freq);
+    ops::cuda::attention_tc(fused.args, nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+
+    const std::vector<float> ref = cuda::download_bf16(separate.out, n_q * ld);
+    double scale = 0;
+    for (float v : ref) scale = std::max(scale, double(std::abs(v)));
+    ASSERT_TRUE(std::isfinite(scale) && scale > 0) << "separate passes: scale " << scale;
+    const double ulp = std::ldexp(1.0, std::ilogb(scale) - 7);  // bf16: 8 significant bits
+    const Diff diffs = print_diff("out", diff(cuda::download_bf16(fused.out, ref.size()), ref));
+    EXPECT_LE(diffs.max_abs, 3 * ulp) << diffs.str();
+}
+
+// Every head-group size, padded groups (5, 24 and 80 heads), one query, every key list.
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAttentionTcNormRope,
+                         ::testing::Values(TcCase{5, Keys::kCsa, 37}, TcCase{16, Keys::kSliding, 1},
+                                           TcCase{24, Keys::kHca, 37},
+                                           TcCase{64, Keys::kCsaSmall, 37},
+                                           TcCase{80, Keys::kHcaDense, 64},
+                                           TcCase{128, Keys::kCsa, 37}),
+                         case_name);
+
 TEST(CudaAttentionTcArgs, RejectsOtherHeadDims) {
     ops::cuda::AttnArgs a;
     a.n_q = 1;
     a.n_heads = 8;
     a.head_dim = 256;
+    EXPECT_THROW(ops::cuda::attention_tc(a, nullptr), Error);
+}
+
+TEST(CudaAttentionTcArgs, RejectsRopeWithoutFrequencies) {
+    ops::cuda::AttnArgs a;
+    a.n_q = 1;
+    a.n_heads = 8;
+    a.rope_dim = 64;
     EXPECT_THROW(ops::cuda::attention_tc(a, nullptr), Error);
 }
 

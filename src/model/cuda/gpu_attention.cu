@@ -117,9 +117,8 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, c
     c.phase(Phase::Attention);
     linear(c, xn, n, L.wq_a, s.cq, cfg.q_rank);
     oc::rmsnorm(s.cq, n, cfg.q_rank, L.q_norm.as<float>(), eps, s.cq, c.stream);
+    // q's per-head RMSNorm and RoPE happen as attention_tc loads it (gpu_attn_output).
     linear(c, s.cq, n, L.wq_b, s.q, Hd);
-    oc::rmsnorm_rope(s.q, Hd, s.q, Hd, n, norm_rope(cfg, H, d, nullptr, inv_freq(W, L), rows.pos),
-                     c.stream);
     if (L.type != AttnType::CSA) return;
     c.phase(Phase::Indexer);
     const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
@@ -218,11 +217,14 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         a.sinks = L.sink.as<float>();
         a.scale = 1.0f / std::sqrt(float(d));
         a.out = s.o + b * Hd;
+        // q as projected: normed and rotated as it is loaded, the output de-rotated in the kernel.
+        a.q_norm = true;
+        a.q_norm_eps = float(cfg.norm_eps);
+        a.rope_dim = cfg.rope_dim;
+        a.inv_freq = inv_freq(W, L).as<float>();
         oc::attention_tc(a, c.stream);
     }
     c.phase(Phase::Attention);
-    oc::apply_rope(s.o, n, Hd, H, d, cfg.rope_dim, inv_freq(W, L).as<float>(), rows.pos, true,
-                   c.stream);
     const int g = cfg.o_groups;
     const int64_t group_in = Hd / g, ro = cfg.o_rank;
     // wo_a: group gi's rows [gi · ro, (gi + 1) · ro) of the weight on columns [gi · group_in, …)

@@ -18,8 +18,10 @@ namespace cpfill::ops::cuda {
 //                must be eligible and have their −1 padding at the end; ratio 0 or
 //                n_entries 0: none (sliding layer).
 struct AttnArgs {
-    const __nv_bfloat16* q = nullptr;  // [n_q, n_heads, head_dim], RoPE applied
-    const int64_t* pos = nullptr;      // device [n_q], positions inside the request
+    // [n_q, n_heads, head_dim]: normalised per head with RoPE applied, unless q_norm / rope_dim
+    // ask the kernel to do that
+    const __nv_bfloat16* q = nullptr;
+    const int64_t* pos = nullptr;  // device [n_q], positions inside the request
     int64_t n_q = 0;
     int n_heads = 0;
     int head_dim = 512;                     // only 512 (every DeepSeek-V4 model)
@@ -33,6 +35,14 @@ struct AttnArgs {
     const float* sinks = nullptr;  // fp32 [n_heads]
     float scale = 0.0f;            // 1 / sqrt(head_dim)
     __nv_bfloat16* out = nullptr;  // [n_q, n_heads, head_dim]
+    // The caller's passes over q and out folded into the kernel (default off), fp32 with one
+    // rounding: q ← q / sqrt(mean(q²) + q_norm_eps) per head (no weight), then RoPE on the last
+    // rope_dim channels of each q head and the inverse RoPE on those of each out head, as
+    // ops/cuda/rope.h does them at position pos[i].
+    bool q_norm = false;
+    float q_norm_eps = 0.0f;
+    int rope_dim = 0;                 // 0: no RoPE; else even, ≤ head_dim
+    const float* inv_freq = nullptr;  // device fp32 [rope_dim / 2]
 };
 
 // On tensor cores (mma.sync bf16 → fp32; attention_tc.cu): one block per (query, group of up to 64

@@ -15,6 +15,10 @@
 // Rows are padded by 16 bytes (Q and K rows 1040 B, P rows 144 B) so the 8 row addresses of every
 // ldmatrix phase fall in different banks. Padded heads (beyond n_heads) are zero queries whose
 // rows are never written; keys beyond the list are zero-filled rows with logit −∞.
+// Optional prologue and epilogue (AttnArgs q_norm, rope_dim): once Q is in shared memory (its own
+// cp.async group, waited for while key tile 0 is still in flight), one warp per real head row
+// RMS-normalises and rotates it in fp32 and rounds it once to bf16; the output's RoPE slice is
+// de-rotated in fp32 registers, before the single rounding into the bf16 staging rows.
 #include <cstdint>
 
 #include "ops/cuda/attention.h"
@@ -70,6 +74,67 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// The RoPE pair (c, c + 1) (c even) of a head row: cos and sin of its angle inv_freq[j] · pos as
+// ops/cuda/rope.cu computes them, sin negated for the inverse; cos 1, sin 0 outside the slice.
+__device__ __forceinline__ void rope_cos_sin(int c, int rope_dim, const float* inv_freq, float pos,
+                                             bool inverse, float& cs, float& sn) {
+    cs = 1.0f;
+    sn = 0.0f;
+    if (c < kHeadDim - rope_dim) return;
+    sincosf(inv_freq[(c - (kHeadDim - rope_dim)) / 2] * pos, &sn, &cs);
+    if (inverse) sn = -sn;
+}
+
+// Per-head RMSNorm (no weight, when norm) and RoPE of the first n_rows query rows in shared
+// memory, fp32, one rounding to bf16. One warp per row; lane l holds channels 8l … 8l + 7 and
+// 256 + 8l … 256 + 8l + 7, so the RoPE pairs and their angles are the lane's for every row.
+template <int kM>
+__device__ void norm_rope_q(TcSmem<kM>& s, int n_rows, bool norm, float eps, int rope_dim,
+                            const float* inv_freq, float pos) {
+    const int lane = threadIdx.x & 31;
+    float cs[2][4], sn[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            rope_cos_sin(h * kHeadDim / 2 + lane * 8 + 2 * k, rope_dim, inv_freq, pos, false,
+                         cs[h][k], sn[h][k]);
+    for (int r = threadIdx.x >> 5; r < n_rows; r += kWarps) {
+        float x[2][8];
+        float ss = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4 v = *reinterpret_cast<const uint4*>(&s.q[r][h * kHeadDim / 2 + lane * 8]);
+            const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float2 f = __bfloat1622float2(pairs[k]);
+                x[h][2 * k] = f.x;
+                x[h][2 * k + 1] = f.y;
+                ss += f.x * f.x + f.y * f.y;
+            }
+        }
+        float scale = 1.0f;
+        if (norm) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+            scale = rsqrtf(ss / kHeadDim + eps);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint4 v;
+            __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float a = x[h][2 * k] * scale, b = x[h][2 * k + 1] * scale;
+                pairs[k] =
+                    __floats2bfloat162_rn(a * cs[h][k] - b * sn[h][k], b * cs[h][k] + a * sn[h][k]);
+            }
+            *reinterpret_cast<uint4*>(&s.q[r][h * kHeadDim / 2 + lane * 8]) = v;
+        }
+    }
 }
 
 // Starts the copy of keys k0 … k0 + kTile − 1 of the list into dst; rows past the list are zeros.
@@ -271,7 +336,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_tc_kernel(const __nv_bfloat16* q, const int64_t* pos, int n_heads,
                         const __nv_bfloat16* window, int window_size, const __nv_bfloat16* entries,
                         int64_t n_entries, int ratio, const int32_t* entry_idx, int64_t idx_stride,
-                        const float* sinks, float scale, __nv_bfloat16* out) {
+                        const float* sinks, float scale, __nv_bfloat16* out, bool q_norm,
+                        float q_norm_eps, int rope_dim, const float* inv_freq) {
     constexpr int kMf = kM / 16;             // 16-head fragments (P·V, every warp)
     constexpr int kMfS = kM >= 32 ? 2 : 1;   // 16-head fragments of a logits warp
     constexpr int kSWarps = 2 * kMf / kMfS;  // logits warps: row blocks × 2 key halves
@@ -311,11 +377,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const __nv_bfloat16* src = valid ? q + (t * n_heads + h0 + r) * kHeadDim + c : q;
         cp_async16(smem_u32(&s.q[r][c]), src, valid);
     }
+    cp_async_commit();
     if (loader) {
         load_tile(s.k[0], kl, 0, nullptr, warp - kLoadWarp0);
         prefetch_sel(s.sel[1], kl, kTile, tid - kLoadWarp0 * 32);
     }
     cp_async_commit();
+    if (q_norm || rope_dim > 0) {
+        cp_async_wait<1>();  // this thread's Q copies (tile 0 may still be in flight)
+        __syncthreads();     // every thread's; the loop's first barrier orders the result
+        const int n_rows = n_heads - h0 < kM ? n_heads - h0 : kM;  // padded rows stay zero
+        norm_rope_q<kM>(s, n_rows, q_norm, q_norm_eps, rope_dim, inv_freq, static_cast<float>(p));
+    }
 
     const float scale_log2 = scale * kLog2e;
     float o[kMf][8][4] = {};
@@ -340,7 +413,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // final l and m; every warp is done with Q (its rows become output staging)
 
     // Sink in the denominator only: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M = max(m, sink).
+    // Then the inverse RoPE: this thread's channel pairs (d0 + 8nt + 2c4, +1) are RoPE pairs.
     const int par = n_tiles & 1, d0 = warp * kDimsPerWarp;
+    float cs[8], sn[8];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+        rope_cos_sin(d0 + nt * 8 + 2 * c4, rope_dim, inv_freq, static_cast<float>(p), true, cs[nt],
+                     sn[nt]);
 #pragma unroll
     for (int mf = 0; mf < kMf; ++mf) {
 #pragma unroll
@@ -354,8 +433,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
+                const float a = o[mf][nt][2 * half] * inv, b = o[mf][nt][2 * half + 1] * inv;
                 *reinterpret_cast<__nv_bfloat162*>(&s.q[r][d0 + nt * 8 + 2 * c4]) =
-                    __floats2bfloat162_rn(o[mf][nt][2 * half] * inv, o[mf][nt][2 * half + 1] * inv);
+                    __floats2bfloat162_rn(a * cs[nt] - b * sn[nt], b * cs[nt] + a * sn[nt]);
             }
         }
     }
@@ -378,7 +458,8 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
                  blocks);
     attention_tc_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
         a.q, a.pos, a.n_heads, a.window, a.window_size, a.entries, a.n_entries, a.ratio,
-        a.entry_idx, a.idx_stride, a.sinks, a.scale, a.out);
+        a.entry_idx, a.idx_stride, a.sinks, a.scale, a.out, a.q_norm, a.q_norm_eps, a.rope_dim,
+        a.inv_freq);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -396,6 +477,10 @@ void attention_tc(const AttnArgs& a, cudaStream_t stream) {
                  a.idx_stride);
     CPFILL_CHECK(aligned16(a.q) && aligned16(a.window) && aligned16(a.entries) && aligned16(a.out),
                  "attention_tc: q, window, entries and out must be 16-byte aligned");
+    CPFILL_CHECK(a.rope_dim >= 0 && a.rope_dim <= kHeadDim && a.rope_dim % 2 == 0 &&
+                     (a.rope_dim == 0 || a.inv_freq != nullptr),
+                 "attention_tc: rope_dim {} (even, at most {}) needs inv_freq (found {})",
+                 a.rope_dim, kHeadDim, a.inv_freq ? "set" : "null");
     if (a.n_heads <= 16) {
         launch<16>(a, stream);
     } else if (a.n_heads <= 32) {
