@@ -2,6 +2,7 @@
 // * weights stored as e4m3 × power-of-two block scales (the release's fp8 linears, and fp4 experts
 //   whose 1×32 scales are within range) come back bit for bit, with nothing counted inexact;
 //   values that cannot be represented are counted;
+// * activations quantise to the bit as the host does it, on the vector and the scalar path;
 // * gemm_fp8 equals the fp64 product of the dequantised inputs to bf16 rounding of each output,
 //   with every 128-block of weights and activations at a different magnitude, so a scale read
 //   from the wrong place fails by orders of magnitude.
@@ -183,6 +184,80 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            GemmCase{4, 384, 256, oc::Fp8Blocks::Tile128},
                                            GemmCase{64, 384, 256, oc::Fp8Blocks::Row128},
                                            GemmCase{132, 256, 512, oc::Fp8Blocks::Row128}));
+
+// Host quantisation of a 128-block as quantize_act_fp8 defines it: scale amax / 448 (1 when all
+// are 0), each value / scale rounded to e4m3.
+float quantise_block(const float* v, uint8_t* q) {
+    float amax = 0.0f;
+    for (int k = 0; k < 128; ++k) amax = std::max(amax, std::abs(v[k]));
+    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int k = 0; k < 128; ++k) q[k] = f32_to_e4m3(v[k] / s);
+    return s;
+}
+
+struct ActCase {
+    int64_t n, n_pad, K, ldx, x_off;  // token t's K channels at x_off + t · ldx of x's buffer
+    int64_t q_off;                    // bytes of q's buffer before q
+};
+
+class Fp8Act : public ::testing::TestWithParam<ActCase> {};
+
+// quantize_act_fp8 equals the host quantisation bit for bit, through 16-byte loads and through the
+// scalar path (ldx not a multiple of 8, x or q misaligned). Every (token, block) has its own
+// magnitude, one block is all zeros, some hold an outlier (their small values become e4m3
+// subnormals). The columns of x outside the K read are 2^20 and q and its scales lie among
+// sentinels, so a read or a write out of place fails.
+TEST_P(Fp8Act, EqualsTheHostQuantisationBitForBit) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const ActCase p = GetParam();
+    const int64_t kb_n = p.K / 128;
+    const std::vector<float> r = test_cuda::random_bf16(static_cast<size_t>(p.n * p.K), 21);
+    std::vector<float> x(static_cast<size_t>(p.x_off + p.n * p.ldx), 1048576.0f);
+    for (int64_t t = 0; t < p.n; ++t)
+        for (int64_t k = 0; k < p.K; ++k) {
+            const int64_t kb = k / 128;
+            float v = r[t * p.K + k] * std::ldexp(1.0f, static_cast<int>((t * 3 + kb) % 9) - 4);
+            if (t == 1 && kb == 0) v = 0.0f;
+            if ((t + kb) % 5 == 0 && k % 128 == (t * 7 + kb) % 128) v *= 4096.0f;
+            x[p.x_off + t * p.ldx + k] = v;
+        }
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+    const size_t q_bytes = p.q_off + p.n_pad * p.K + 64, s_count = kb_n * p.n_pad + 16;
+    std::vector<uint8_t> want_q(q_bytes, 0xA5);
+    std::vector<float> want_s(s_count, -3.0f), block(128);
+    const cuda::DeviceBuffer dx = upload(xb), dq = upload(want_q), ds = upload(want_s);
+    oc::quantize_act_fp8(dx.as<__nv_bfloat16>() + p.x_off, p.ldx, p.n, p.K,
+                         dq.as<uint8_t>() + p.q_off, ds.as<float>(), nullptr, p.n_pad);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int64_t t = 0; t < p.n_pad; ++t)  // rows n … n_pad − 1: zeros, scale 1
+        for (int64_t kb = 0; kb < kb_n; ++kb) {
+            for (int64_t k = 0; k < 128; ++k)
+                block[k] = t < p.n ? x[p.x_off + t * p.ldx + kb * 128 + k] : 0.0f;
+            want_s[kb * p.n_pad + t] =
+                quantise_block(block.data(), &want_q[p.q_off + t * p.K + kb * 128]);
+        }
+    const auto q = download<uint8_t>(dq, q_bytes);
+    const auto s = download<float>(ds, s_count);
+    size_t bad_q = 0, bad_s = 0, first_q = 0, first_s = 0;
+    for (size_t i = 0; i < q_bytes; ++i)
+        if (q[i] != want_q[i] && bad_q++ == 0) first_q = i;
+    for (size_t i = 0; i < s_count; ++i)
+        if (s[i] != want_s[i] && bad_s++ == 0) first_s = i;
+    EXPECT_EQ(bad_q, 0u) << "first at byte " << first_q << ": " << int{q[first_q]} << ", expected "
+                         << int{want_q[first_q]};
+    EXPECT_EQ(bad_s, 0u) << "first at scale " << first_s << ": " << s[first_s] << ", expected "
+                         << want_s[first_s];
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8Act,
+    ::testing::Values(ActCase{37, 40, 1408, 1408, 0, 0},    // 11 blocks a row: a step and a half
+                      ActCase{20, 23, 512, 4096, 1024, 0},  // one group of a wider row (wo_a)
+                      ActCase{4, 4, 128, 128, 0, 0},        // one block a row
+                      ActCase{13, 16, 384, 388, 0, 0},      // ldx not a multiple of 8: scalar
+                      ActCase{9, 12, 256, 256, 1, 0},       // x not 16-byte aligned: scalar
+                      ActCase{9, 12, 256, 256, 0, 4}));     // q not 8-byte aligned: scalar
 
 // Rows that are not a multiple of 4 are refused with a message that says what to do, before
 // cuBLASLt is asked.

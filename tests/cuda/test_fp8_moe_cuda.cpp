@@ -1,10 +1,14 @@
 // The fp8 activation paths of the GPU model: fp8_linear for any row count (the 4-row tail), and the
 // routed experts' padded fp8 rows (ops/cuda/moe_fp8.h): gather by expert with quantisation,
-// SwiGLU with quantisation. Each against a host computation of the same thing.
+// SwiGLU with quantisation. Each against a host computation of the same thing: the gather to the
+// bit, on the 16-byte and the scalar path, and the SwiGLU of all experts at once to the bit as per
+// expert.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 
 #include "core/dtype.h"
 #include "cuda_test_util.h"
@@ -173,6 +177,209 @@ TEST(MoeFp8, SwigluQuantEqualsTheSwigluOfTheRows) {
                              r * width + c);
         }
 }
+
+// Host quantisation of a 128-block as the kernels define it: scale amax / 448 (1 when all are 0),
+// each value / scale rounded to e4m3.
+float quantise_block(const float* v, uint8_t* q) {
+    float amax = 0.0f;
+    for (int k = 0; k < 128; ++k) amax = std::max(amax, std::abs(v[k]));
+    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int k = 0; k < 128; ++k) q[k] = f32_to_e4m3(v[k] / s);
+    return s;
+}
+
+// Bit-for-bit equality: the number of mismatches and the first of them.
+template <class T>
+void expect_same(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+        if (!(got[i] == want[i]) && bad++ == 0) first = i;
+    EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": " << +got[first] << ", expected "
+                       << +want[first];
+}
+
+// Padded row offsets of the experts (pfirst [E + 1]).
+std::vector<int32_t> padded_offsets(const std::vector<int32_t>& counts) {
+    std::vector<int32_t> pfirst(counts.size() + 1, 0);
+    for (size_t e = 0; e < counts.size(); ++e)
+        pfirst[e + 1] = pfirst[e] + static_cast<int32_t>(oc::padded_rows(counts[e]));
+    return pfirst;
+}
+
+struct GatherCase {
+    int64_t D;
+    int top_k;
+    std::vector<int32_t> counts;
+    int64_t y_off, q_off;  // elements of y's buffer before y, bytes of xq's before xq
+};
+
+class MoeFp8Gather : public ::testing::TestWithParam<GatherCase> {};
+
+// gather_quant_fp8 equals the host gather and quantisation bit for bit: xq and its scales, sp and
+// inv, pad rows zeros with scale 1 and weight 0, empty experts first, last and between, padded
+// rows not a multiple of the kernel's 8 rows per block; on the 16-byte path and the scalar one (y
+// or xq misaligned). Every (token, block) has its own magnitude, some an outlier; xq lies among
+// sentinels.
+TEST_P(MoeFp8Gather, EqualsTheHostGatherBitForBit) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const GatherCase p = GetParam();
+    const int E = static_cast<int>(p.counts.size());
+    const int64_t kb_n = p.D / 128;
+    const int64_t n_assign = std::accumulate(p.counts.begin(), p.counts.end(), int64_t{0});
+    ASSERT_EQ(n_assign % p.top_k, 0);
+    const int64_t tokens = n_assign / p.top_k;
+    std::vector<int32_t> expert;  // of each assignment: counts[e] times e, shuffled
+    for (int e = 0; e < E; ++e) expert.insert(expert.end(), p.counts[e], e);
+    std::shuffle(expert.begin(), expert.end(), std::mt19937_64(31));
+    std::vector<int32_t> perm(n_assign);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::stable_sort(perm.begin(), perm.end(),
+                     [&](int32_t a, int32_t b) { return expert[a] < expert[b]; });
+    const std::vector<float> weight = test_cuda::random_f32(n_assign, 32);
+    std::vector<float> y = test_cuda::random_bf16(p.y_off + tokens * p.D, 33);
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t c = 0; c < p.D; ++c) {
+            const int64_t kb = c / 128;
+            float& v = y[p.y_off + t * p.D + c];
+            v *= std::ldexp(1.0f, static_cast<int>((t * 3 + kb) % 9) - 4);
+            if ((t + kb) % 5 == 0 && c % 128 == (t * 7 + kb) % 128) v *= 4096.0f;
+        }
+    std::vector<int32_t> first(E + 1, 0);
+    for (int e = 0; e < E; ++e) first[e + 1] = first[e] + p.counts[e];
+    const std::vector<int32_t> pfirst = padded_offsets(p.counts);
+    const int64_t n_pad = pfirst[E];
+    const size_t q_bytes = p.q_off + n_pad * p.D + 64;
+    std::vector<uint8_t> want_q(q_bytes, 0xA5);
+    std::vector<float> want_s(n_pad * kb_n, -3.0f), want_sp(n_pad, -3.0f), block(128);
+    std::vector<int32_t> want_inv(n_assign, -1);
+    const cuda::DeviceBuffer dy = upload(to_bf16(y)), dperm = upload(perm), dw = upload(weight),
+                             dc = upload(p.counts), xq = upload(want_q), xs = upload(want_s),
+                             sp = upload(want_sp), inv = upload(want_inv);
+    cuda::DeviceBuffer dfirst((E + 1) * 4), dpfirst((E + 1) * 4);
+    oc::expert_offsets(dc.as<int32_t>(), E, dfirst.as<int32_t>(), dpfirst.as<int32_t>(), nullptr);
+    oc::gather_quant_fp8(dy.as<__nv_bfloat16>() + p.y_off, p.D, dperm.as<int32_t>(), p.top_k,
+                         dw.as<float>(), dc.as<int32_t>(), dfirst.as<int32_t>(),
+                         dpfirst.as<int32_t>(), E, n_pad, xq.as<uint8_t>() + p.q_off,
+                         xs.as<float>(), sp.as<float>(), inv.as<int32_t>(), nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int e = 0; e < E; ++e) {
+        const int64_t m4 = pfirst[e + 1] - pfirst[e];
+        for (int64_t i = 0; i < m4; ++i) {
+            const int64_t r = pfirst[e] + i;
+            const bool valid = i < p.counts[e];
+            const int32_t a = valid ? perm[first[e] + i] : 0;
+            for (int64_t kb = 0; kb < kb_n; ++kb) {
+                for (int64_t k = 0; k < 128; ++k)
+                    block[k] = valid ? y[p.y_off + (a / p.top_k) * p.D + kb * 128 + k] : 0.0f;
+                want_s[pfirst[e] * kb_n + kb * m4 + i] =
+                    quantise_block(block.data(), &want_q[p.q_off + r * p.D + kb * 128]);
+            }
+            want_sp[r] = valid ? weight[a] : 0.0f;
+            if (valid) want_inv[a] = static_cast<int32_t>(r);
+        }
+    }
+    expect_same(download<uint8_t>(xq, q_bytes), want_q, "xq");
+    expect_same(download<float>(xs, want_s.size()), want_s, "xs");
+    expect_same(download<float>(sp, want_sp.size()), want_sp, "sp");
+    expect_same(download<int32_t>(inv, want_inv.size()), want_inv, "inv");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeFp8Gather,
+    ::testing::Values(GatherCase{1408, 2, {0, 3, 0, 6, 1, 10, 0}, 0, 0},  // 11 blocks a row
+                      GatherCase{4096, 1, {17, 0, 5, 2}, 0, 0},           // d_model: 4 steps
+                      GatherCase{256, 2, {3, 0, 6, 1, 10}, 1, 0},         // y misaligned
+                      GatherCase{384, 3, {2, 7, 0, 3}, 0, 4}));           // xq misaligned
+
+struct SwigluCase {
+    int64_t width;
+    float limit;
+    std::vector<int32_t> counts;  // rows of each expert before padding
+    int64_t gu_off, q_off;        // elements of gate_up's buffer before it, bytes of aq's before aq
+};
+
+class MoeFp8Swiglu : public ::testing::TestWithParam<SwigluCase> {};
+
+// swiglu_quant_fp8_experts over all experts equals swiglu_quant_fp8 per expert bit for bit (the
+// grouped and per-expert schedules agree on every row), and the host SwiGLU to e4m3 rounding with
+// each block's scale amax / 448 (the device's expf is not the host's: not to the bit); pad rows,
+// routing weight 0, are zeros with scale 1. On the 16-byte path and the scalar one (gate_up or aq
+// misaligned); aq lies among sentinels.
+TEST_P(MoeFp8Swiglu, ExpertsEqualThePerExpertLaunchesAndTheHost) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const SwigluCase p = GetParam();
+    const int E = static_cast<int>(p.counts.size());
+    const int64_t w = p.width, kb_n = w / 128;
+    const std::vector<int32_t> pfirst = padded_offsets(p.counts);
+    const int64_t n_pad = pfirst[E];
+    const std::vector<float> gu = test_cuda::random_bf16(p.gu_off + n_pad * 2 * w, 41, 1.5f);
+    std::vector<float> rs = test_cuda::random_f32(n_pad, 42);
+    for (int e = 0; e < E; ++e)
+        for (int64_t r = pfirst[e] + p.counts[e]; r < pfirst[e + 1]; ++r) rs[r] = 0.0f;
+    const size_t q_bytes = p.q_off + n_pad * w + 64;
+    const std::vector<uint8_t> q0(q_bytes, 0xA5);
+    const std::vector<float> s0(n_pad * kb_n, -3.0f);
+    const cuda::DeviceBuffer dgu = upload(to_bf16(gu)), drs = upload(rs), dpfirst = upload(pfirst),
+                             aq_all = upload(q0), as_all = upload(s0), aq_each = upload(q0),
+                             as_each = upload(s0);
+    const __nv_bfloat16* g = dgu.as<__nv_bfloat16>() + p.gu_off;
+    oc::swiglu_quant_fp8_experts(g, n_pad, w, p.limit, drs.as<float>(), dpfirst.as<int32_t>(), E,
+                                 aq_all.as<uint8_t>() + p.q_off, as_all.as<float>(), nullptr);
+    for (int e = 0; e < E; ++e) {
+        const int64_t off = pfirst[e];
+        oc::swiglu_quant_fp8(g + off * 2 * w, pfirst[e + 1] - off, w, p.limit,
+                             drs.as<float>() + off, aq_each.as<uint8_t>() + p.q_off + off * w,
+                             as_each.as<float>() + off * kb_n, nullptr);
+    }
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto q = download<uint8_t>(aq_all, q_bytes);
+    const auto s = download<float>(as_all, s0.size());
+    expect_same(download<uint8_t>(aq_each, q_bytes), q, "aq per expert");
+    expect_same(download<float>(as_each, s0.size()), s, "as per expert");
+    const size_t q_begin = p.q_off, q_end = p.q_off + n_pad * w;  // sentinels around aq
+    for (size_t i = 0; i < q_bytes; ++i)
+        if (i < q_begin || i >= q_end) {
+            ASSERT_EQ(q[i], 0xA5) << "byte " << i;
+        }
+    std::vector<float> act(128);
+    for (int e = 0; e < E; ++e) {
+        const int64_t m4 = pfirst[e + 1] - pfirst[e];
+        for (int64_t i = 0; i < m4; ++i) {
+            const int64_t r = pfirst[e] + i;
+            for (int64_t kb = 0; kb < kb_n; ++kb) {
+                float amax = 0.0f;
+                for (int64_t k = 0; k < 128; ++k) {
+                    const int64_t c = kb * 128 + k;
+                    float gate = gu[p.gu_off + r * 2 * w + c],
+                          up = gu[p.gu_off + r * 2 * w + w + c];
+                    if (p.limit > 0.0f) {
+                        gate = std::min(gate, p.limit);
+                        up = std::clamp(up, -p.limit, p.limit);
+                    }
+                    act[k] = gate / (1.0f + std::exp(-gate)) * up * rs[r];
+                    amax = std::max(amax, std::abs(act[k]));
+                }
+                const float sc = s[pfirst[e] * kb_n + kb * m4 + i];
+                if (i >= p.counts[e]) {
+                    ASSERT_EQ(sc, 1.0f) << "pad row " << r;
+                }
+                ASSERT_NEAR(sc, amax > 0.0f ? amax / 448.0f : 1.0f, sc * 1e-5f) << "row " << r;
+                for (int64_t k = 0; k < 128; ++k) {
+                    const size_t at = p.q_off + r * w + kb * 128 + k;
+                    expect_quantised(e4m3_to_f32(q[at]) * sc, act[k], sc * 1.001f, "act", at);
+                }
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeFp8Swiglu,
+    ::testing::Values(SwigluCase{1408, 2.5f, {5, 0, 9, 2, 1}, 0, 0},  // 11 blocks a row
+                      SwigluCase{2048, 0.0f, {3, 6}, 0, 0},           // moe_dim, no limit
+                      SwigluCase{256, 2.5f, {5, 0, 3}, 1, 0},         // gate_up misaligned
+                      SwigluCase{384, 2.5f, {2, 7}, 0, 4}));          // aq misaligned
 
 }  // namespace
 }  // namespace cpfill

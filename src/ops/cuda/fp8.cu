@@ -1,7 +1,7 @@
 // fp8 quantisation kernels. Weight blocks: one thread block of 256 per 128×128 tile (Tile128) or
-// one warp per (row, 128 columns) (Row128); activations: one warp per (token, 128 channels), four
-// values per lane. Scales are powers of two for weights (exact round trips), amax / 448 for
-// activations.
+// one warp per (row, 128 columns) (Row128); activations: one warp per token, 8 channels per lane
+// (fp8_device::quantize_row128). Scales are powers of two for weights (exact round trips),
+// amax / 448 for activations.
 #include <cuda_fp8.h>
 
 #include "core/error.h"
@@ -90,21 +90,14 @@ __global__ void quant_row_kernel(const float* w, int64_t rows, int64_t cols, uin
     if (inexact && lane == 0 && bad) atomicAdd(inexact, bad);
 }
 
-// One warp per (token, 128 channels).
+// One warp per token t < n_pad (fp8_device::quantize_row128); rows from n on are pad rows.
+template <bool kVec>
 __global__ void quant_act_kernel(const bf16* x, int64_t ldx, int64_t n, int64_t n_pad, int64_t K,
                                  uint8_t* q, float* scale) {
-    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    const int64_t kb_n = K / 128;
-    if (warp >= n_pad * kb_n) return;
-    const int64_t t = warp / kb_n, kb = warp % kb_n;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (t < n) {
-        const bf16* src = x + t * ldx + kb * 128 + lane * 4;
-        for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(src[j]);
-    }
-    const float s = fp8_device::quantize_block128(v, q + t * K + kb * 128 + lane * 4);
-    if (lane == 0) scale[kb * n_pad + t] = s;
+    const int64_t t = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    if (t >= n_pad) return;
+    fp8_device::quantize_row128<kVec>(t < n ? x + t * ldx : nullptr, K / 128, q + t * K, scale + t,
+                                      n_pad);
 }
 
 __global__ void dequant_kernel(const uint8_t* q, const float* scale, int64_t rows, int64_t cols,
@@ -156,8 +149,10 @@ void quantize_act_fp8(const bf16* x, int64_t ldx, int64_t n, int64_t K, void* q,
     if (n_pad < 0) n_pad = n;
     CPFILL_CHECK(n_pad >= n, "quantize_act_fp8: {} rows padded to {}", n, n_pad);
     if (n_pad == 0) return;
-    quant_act_kernel<<<blocks_for(n_pad * (K / 128) * 32), 256, 0, stream>>>(
-        x, ldx, n, n_pad, K, static_cast<uint8_t*>(q), scale);
+    auto* kernel =
+        fp8_device::rows_vectorisable(x, ldx, q) ? quant_act_kernel<true> : quant_act_kernel<false>;
+    kernel<<<blocks_for(n_pad * 32), 256, 0, stream>>>(x, ldx, n, n_pad, K,
+                                                       static_cast<uint8_t*>(q), scale);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,5 @@
-// expert_offsets, gather_quant_fp8 and swiglu_quant_fp8(_experts): one warp per (row, 128
-// channels).
+// expert_offsets, gather_quant_fp8 and swiglu_quant_fp8(_experts): one warp per row, a half-warp
+// per 128 channels, 4 (SwiGLU: 8) 16-byte loads in flight per lane (fp8_device::quantize_row128).
 #include "core/error.h"
 #include "ops/cuda/fp8_device.cuh"
 #include "ops/cuda/moe_fp8.h"
@@ -43,77 +43,85 @@ __device__ int expert_of(const int32_t* pfirst, int E, int64_t p) {
     return lo;
 }
 
+// One warp per padded row p: its expert and assignment looked up once, then the row quantised.
+template <bool kVec>
 __global__ void gather_quant_kernel(const bf16* y, int64_t D, const int32_t* perm, int top_k,
                                     const float* weight, const int32_t* counts,
                                     const int32_t* first, const int32_t* pfirst, int E,
                                     int64_t n_pad, uint8_t* xq, float* xs, float* sp,
                                     int32_t* inv) {
-    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    const int64_t kb_n = D / 128;
-    if (warp >= n_pad * kb_n) return;
-    const int64_t p = warp / kb_n, kb = warp % kb_n;
+    const int64_t p = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    if (p >= n_pad) return;
     const int e = expert_of(pfirst, E, p);
-    const int64_t i = p - pfirst[e], m4 = pfirst[e + 1] - pfirst[e];
+    const int64_t i = p - pfirst[e], m4 = pfirst[e + 1] - pfirst[e], kb_n = D / 128;
     const bool valid = i < counts[e];
     const int32_t a = valid ? perm[first[e] + i] : 0;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (valid) {
-        const bf16* src = y + int64_t{a / top_k} * D + kb * 128 + lane * 4;
-        for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(src[j]);
-    }
-    const float s = fp8_device::quantize_block128(v, xq + p * D + kb * 128 + lane * 4);
-    if (lane != 0) return;
-    xs[int64_t{pfirst[e]} * kb_n + kb * m4 + i] = s;
-    if (kb != 0) return;
+    fp8_device::quantize_row128<kVec>(valid ? y + int64_t{a / top_k} * D : nullptr, kb_n,
+                                      xq + p * D, xs + int64_t{pfirst[e]} * kb_n + i, m4);
+    if (threadIdx.x % 32 != 0) return;
     sp[p] = valid ? weight[a] : 0.0f;
     if (valid) inv[a] = static_cast<int32_t>(p);
 }
 
-// One lane's 4 of a warp's 128 SwiGLU outputs (gate at g_row, up width further), quantised into q;
-// returns the block's scale.
-__device__ float swiglu_block(const bf16* g_row, int64_t width, float limit, float rs, uint8_t* q) {
-    float v[4];
-    for (int j = 0; j < 4; ++j) {
-        float g = __bfloat162float(g_row[j]);
-        float u = __bfloat162float(g_row[width + j]);
-        if (limit > 0.0f) {
-            g = fminf(g, limit);
-            u = fminf(fmaxf(u, -limit), limit);
-        }
-        v[j] = g / (1.0f + expf(-g)) * u * rs;
+__device__ float swiglu_one(float g, float u, float limit, float rs) {
+    if (limit > 0.0f) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
     }
-    return fp8_device::quantize_block128(v, q);
+    return g / (1.0f + expf(-g)) * u * rs;
 }
 
+// quantize_row128 of the SwiGLU of one row (gate at g_row, up width further): q e4m3 [width],
+// block kb's scale at scale[kb · scale_stride].
+template <bool kVec>
+__device__ void swiglu_quant_row(const bf16* g_row, int64_t width, float limit, float rs,
+                                 uint8_t* q, float* scale, int64_t scale_stride) {
+    using fp8_device::kRowLoads;
+    using fp8_device::load_bf16x8;
+    const int h = threadIdx.x % 32 / 16, c = threadIdx.x % 16 * 8;
+    const int64_t kb_n = width / 128;
+    for (int64_t kb0 = 0; kb0 < kb_n; kb0 += 2 * kRowLoads) {
+        uint4 g_raw[kRowLoads], u_raw[kRowLoads];
+#pragma unroll
+        for (int l = 0; l < kRowLoads; ++l) {
+            const int64_t kb = kb0 + 2 * l + h;
+            const bool in = kb < kb_n;
+            g_raw[l] = in ? load_bf16x8<kVec>(g_row + kb * 128 + c) : uint4{};
+            u_raw[l] = in ? load_bf16x8<kVec>(g_row + width + kb * 128 + c) : uint4{};
+        }
+#pragma unroll
+        for (int l = 0; l < kRowLoads; ++l) {
+            float g[8], up[8], v[8];
+            fp8_device::bf16x8_to_float(g_raw[l], g);
+            fp8_device::bf16x8_to_float(u_raw[l], up);
+            for (int j = 0; j < 8; ++j) v[j] = swiglu_one(g[j], up[j], limit, rs);
+            fp8_device::quantize_block<kVec>(v, kb0 + 2 * l + h, kb_n, q, scale, scale_stride);
+        }
+    }
+}
+
+// One warp per row of one expert's padded block.
+template <bool kVec>
 __global__ void swiglu_quant_kernel(const bf16* gu, int64_t m4, int64_t width, float limit,
                                     const float* row_scale, uint8_t* aq, float* as) {
-    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    const int64_t kb_n = width / 128;
-    if (warp >= m4 * kb_n) return;
-    const int64_t r = warp / kb_n, kb = warp % kb_n;
-    const float s =
-        swiglu_block(gu + r * 2 * width + kb * 128 + lane * 4, width, limit,
-                     row_scale ? row_scale[r] : 1.0f, aq + r * width + kb * 128 + lane * 4);
-    if (lane == 0) as[kb * m4 + r] = s;
+    const int64_t r = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    if (r >= m4) return;
+    swiglu_quant_row<kVec>(gu + r * 2 * width, width, limit, row_scale ? row_scale[r] : 1.0f,
+                           aq + r * width, as + r, m4);
 }
 
 // swiglu_quant_kernel over the padded rows of all experts: row p of expert e (found in pfirst)
 // writes its scales into that expert's [width/128][m4] block.
+template <bool kVec>
 __global__ void swiglu_quant_experts_kernel(const bf16* gu, int64_t n_pad, int64_t width,
                                             float limit, const float* row_scale,
                                             const int32_t* pfirst, int E, uint8_t* aq, float* as) {
-    const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    const int64_t kb_n = width / 128;
-    if (warp >= n_pad * kb_n) return;
-    const int64_t p = warp / kb_n, kb = warp % kb_n;
+    const int64_t p = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    if (p >= n_pad) return;
     const int e = expert_of(pfirst, E, p);
     const int64_t i = p - pfirst[e], m4 = pfirst[e + 1] - pfirst[e];
-    const float s = swiglu_block(gu + p * 2 * width + kb * 128 + lane * 4, width, limit,
-                                 row_scale[p], aq + p * width + kb * 128 + lane * 4);
-    if (lane == 0) as[int64_t{pfirst[e]} * kb_n + kb * m4 + i] = s;
+    swiglu_quant_row<kVec>(gu + p * 2 * width, width, limit, row_scale[p], aq + p * width,
+                           as + int64_t{pfirst[e]} * (width / 128) + i, m4);
 }
 
 }  // namespace
@@ -133,9 +141,11 @@ void gather_quant_fp8(const bf16* y, int64_t d_model, const int32_t* perm, int t
     CPFILL_CHECK(d_model % 128 == 0, "gather_quant_fp8: d_model {} is not a multiple of 128",
                  d_model);
     if (n_pad == 0) return;
-    gather_quant_kernel<<<warp_blocks(n_pad * (d_model / 128)), 256, 0, stream>>>(
-        y, d_model, perm, top_k, weight, counts, first, pfirst, n_experts, n_pad,
-        static_cast<uint8_t*>(xq), xs, sp, inv);
+    auto* kernel = fp8_device::rows_vectorisable(y, d_model, xq) ? gather_quant_kernel<true>
+                                                                 : gather_quant_kernel<false>;
+    kernel<<<warp_blocks(n_pad), 256, 0, stream>>>(y, d_model, perm, top_k, weight, counts, first,
+                                                   pfirst, n_experts, n_pad,
+                                                   static_cast<uint8_t*>(xq), xs, sp, inv);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -143,8 +153,11 @@ void swiglu_quant_fp8(const bf16* gate_up, int64_t m4, int64_t width, float limi
                       const float* row_scale, void* aq, float* as, cudaStream_t stream) {
     CPFILL_CHECK(width % 128 == 0, "swiglu_quant_fp8: width {} is not a multiple of 128", width);
     if (m4 == 0) return;
-    swiglu_quant_kernel<<<warp_blocks(m4 * (width / 128)), 256, 0, stream>>>(
-        gate_up, m4, width, limit, row_scale, static_cast<uint8_t*>(aq), as);
+    auto* kernel = fp8_device::rows_vectorisable(gate_up, 2 * width, aq)
+                       ? swiglu_quant_kernel<true>
+                       : swiglu_quant_kernel<false>;
+    kernel<<<warp_blocks(m4), 256, 0, stream>>>(gate_up, m4, width, limit, row_scale,
+                                                static_cast<uint8_t*>(aq), as);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -153,8 +166,11 @@ void swiglu_quant_fp8_experts(const bf16* gate_up, int64_t n_pad, int64_t width,
                               void* aq, float* as, cudaStream_t stream) {
     CPFILL_CHECK(width % 128 == 0, "swiglu_quant_fp8: width {} is not a multiple of 128", width);
     if (n_pad == 0) return;
-    swiglu_quant_experts_kernel<<<warp_blocks(n_pad * (width / 128)), 256, 0, stream>>>(
-        gate_up, n_pad, width, limit, row_scale, pfirst, n_experts, static_cast<uint8_t*>(aq), as);
+    auto* kernel = fp8_device::rows_vectorisable(gate_up, 2 * width, aq)
+                       ? swiglu_quant_experts_kernel<true>
+                       : swiglu_quant_experts_kernel<false>;
+    kernel<<<warp_blocks(n_pad), 256, 0, stream>>>(gate_up, n_pad, width, limit, row_scale, pfirst,
+                                                   n_experts, static_cast<uint8_t*>(aq), as);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
