@@ -71,16 +71,17 @@ __device__ float swiglu_one(float g, float u, float limit, float rs) {
     return g / (1.0f + expf(-g)) * u * rs;
 }
 
-// quantize_row128 of the SwiGLU of one row (gate at g_row, up width further): q e4m3 [width],
-// block kb's scale at scale[kb · scale_stride].
+// quantize_row128 of the SwiGLU of one row's blocks [kb_first, kb_n) (gate at g_row, up width
+// further): q e4m3 [width], block kb's scale at scale[kb · scale_stride].
 template <bool kVec>
 __device__ void swiglu_quant_row(const bf16* g_row, int64_t width, float limit, float rs,
-                                 uint8_t* q, float* scale, int64_t scale_stride) {
+                                 uint8_t* q, float* scale, int64_t scale_stride,
+                                 int64_t kb_first = 0, int64_t kb_n = -1) {
     using fp8_device::kRowLoads;
     using fp8_device::load_bf16x8;
     const int h = threadIdx.x % 32 / 16, c = threadIdx.x % 16 * 8;
-    const int64_t kb_n = width / 128;
-    for (int64_t kb0 = 0; kb0 < kb_n; kb0 += 2 * kRowLoads) {
+    if (kb_n < 0) kb_n = width / 128;
+    for (int64_t kb0 = kb_first; kb0 < kb_n; kb0 += 2 * kRowLoads) {
         uint4 g_raw[kRowLoads], u_raw[kRowLoads];
 #pragma unroll
         for (int l = 0; l < kRowLoads; ++l) {
@@ -104,10 +105,16 @@ __device__ void swiglu_quant_row(const bf16* g_row, int64_t width, float limit, 
 template <bool kVec>
 __global__ void swiglu_quant_kernel(const bf16* gu, int64_t m4, int64_t width, float limit,
                                     const float* row_scale, uint8_t* aq, float* as) {
-    const int64_t r = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    // One expert's rows are few (~1,500 at 64k tokens): a warp takes one step's 8 blocks of a
+    // row, not the whole row, so the launch has enough warps to hide the loads' latency.
+    constexpr int64_t kStep = 2 * fp8_device::kRowLoads;
+    const int64_t parts = (width / 128 + kStep - 1) / kStep;
+    const int64_t w = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+    const int64_t r = w / parts, kb0 = w % parts * kStep;
     if (r >= m4) return;
     swiglu_quant_row<kVec>(gu + r * 2 * width, width, limit, row_scale ? row_scale[r] : 1.0f,
-                           aq + r * width, as + r, m4);
+                           aq + r * width, as + r, m4, kb0,
+                           kb0 + kStep < width / 128 ? kb0 + kStep : width / 128);
 }
 
 // swiglu_quant_kernel over the padded rows of all experts: row p of expert e (found in pfirst)
@@ -156,8 +163,10 @@ void swiglu_quant_fp8(const bf16* gate_up, int64_t m4, int64_t width, float limi
     auto* kernel = fp8_device::rows_vectorisable(gate_up, 2 * width, aq)
                        ? swiglu_quant_kernel<true>
                        : swiglu_quant_kernel<false>;
-    kernel<<<warp_blocks(m4), 256, 0, stream>>>(gate_up, m4, width, limit, row_scale,
-                                                static_cast<uint8_t*>(aq), as);
+    const int64_t parts = (width / 128 + 2 * fp8_device::kRowLoads - 1) /
+                          (2 * fp8_device::kRowLoads);  // warps per row
+    kernel<<<warp_blocks(m4 * parts), 256, 0, stream>>>(gate_up, m4, width, limit, row_scale,
+                                                        static_cast<uint8_t*>(aq), as);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
