@@ -107,4 +107,14 @@ inline Diff print_diff(const char* what, Diff d) {
 
 using cuda::time_ms;  // runtime/cuda/time_ms.h
 
+// Host quantisation of a 128-block as the fp8 activation kernels define it: scale amax / 448 (1
+// when all are 0), each value / scale rounded to e4m3.
+inline float quantise_block(const float* v, uint8_t* q) {
+    float amax = 0.0f;
+    for (int k = 0; k < 128; ++k) amax = std::max(amax, std::abs(v[k]));
+    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int k = 0; k < 128; ++k) q[k] = f32_to_e4m3(v[k] / s);
+    return s;
+}
+
 }  // namespace cpfill::test_cuda

@@ -20,6 +20,7 @@ namespace {
 
 namespace oc = ops::cuda;
 using test_cuda::download;
+using test_cuda::quantise_block;
 using test_cuda::upload;
 
 struct Quantised {
@@ -184,16 +185,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                                            GemmCase{4, 384, 256, oc::Fp8Blocks::Tile128},
                                            GemmCase{64, 384, 256, oc::Fp8Blocks::Row128},
                                            GemmCase{132, 256, 512, oc::Fp8Blocks::Row128}));
-
-// Host quantisation of a 128-block as quantize_act_fp8 defines it: scale amax / 448 (1 when all
-// are 0), each value / scale rounded to e4m3.
-float quantise_block(const float* v, uint8_t* q) {
-    float amax = 0.0f;
-    for (int k = 0; k < 128; ++k) amax = std::max(amax, std::abs(v[k]));
-    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (int k = 0; k < 128; ++k) q[k] = f32_to_e4m3(v[k] / s);
-    return s;
-}
 
 struct ActCase {
     int64_t n, n_pad, K, ldx, x_off;  // token t's K channels at x_off + t · ldx of x's buffer

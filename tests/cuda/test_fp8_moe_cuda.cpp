@@ -22,6 +22,7 @@ namespace {
 
 namespace oc = ops::cuda;
 using test_cuda::download;
+using test_cuda::quantise_block;
 using test_cuda::upload;
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
@@ -176,16 +177,6 @@ TEST(MoeFp8, SwigluQuantEqualsTheSwigluOfTheRows) {
             expect_quantised(e4m3_to_f32(q[r * width + c]) * sc, want, sc * 1.001f, "act",
                              r * width + c);
         }
-}
-
-// Host quantisation of a 128-block as the kernels define it: scale amax / 448 (1 when all are 0),
-// each value / scale rounded to e4m3.
-float quantise_block(const float* v, uint8_t* q) {
-    float amax = 0.0f;
-    for (int k = 0; k < 128; ++k) amax = std::max(amax, std::abs(v[k]));
-    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (int k = 0; k < 128; ++k) q[k] = f32_to_e4m3(v[k] / s);
-    return s;
 }
 
 // Bit-for-bit equality: the number of mismatches and the first of them.
