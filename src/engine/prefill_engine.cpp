@@ -99,6 +99,9 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "--weights {}: the CPU backend computes in fp32 from the dequantised weights; "
                  "--weights applies to --device cuda (leave it out, or auto)",
                  options.weights);
+    CPFILL_CHECK(!options.cuda || !options.fp8_activations,
+                 "fp8 activations on the CPU are a study of the CUDA backend's fp8 path; on "
+                 "--device cuda use --weights fp8");
     if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
@@ -108,6 +111,8 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     } else {
         LoadStats stats;
         ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
+        for (ModelWeights& rank : ranks_)
+            for (LayerWeights& L : rank.layers) L.fp8_activations = options.fp8_activations;
         load_bytes_ = stats.stored_bytes;
         rank_bytes_ = ranks_.back().bytes();
     }

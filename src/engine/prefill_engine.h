@@ -24,6 +24,10 @@ struct EngineOptions {
     // bf16), "bf16", "fp8" or "fp4" (model/weight_bytes.h, docs/fp8.md). The CPU backend computes
     // in fp32 from the dequantised weights and takes "auto" only.
     std::string weights = "auto";
+    // CPU only, a numerics study (docs/fp8.md, "Fidelity"): round the inputs of the linears the
+    // CUDA backend runs in fp8 as its fp8 path does (LayerWeights::fp8_activations), so that the
+    // fp32 reference carries the same activation rounding as the GPU's fp8 run.
+    bool fp8_activations = false;
 };
 
 struct RunOptions {

@@ -11,9 +11,10 @@
 
 namespace cpfill {
 
-// y: f32 [n, d_model] normed MoE input; tokens: [n] ids (hash routing); out: f32 [n, d_model];
-// routes (optional): i32 [n, top_k] the experts each row was routed to, highest score first.
-void moe_forward(const MoeWeights& W, MlpType type, const ModelConfig& cfg, const float* y,
+// The MoE of layer L (its routing: L.mlp; fp8 activations: L.fp8_activations). y: f32 [n, d_model]
+// normed MoE input; tokens: [n] ids (hash routing); out: f32 [n, d_model]; routes (optional): i32
+// [n, top_k] the experts each row was routed to, highest score first.
+void moe_forward(const LayerWeights& L, const ModelConfig& cfg, const float* y,
                  const int32_t* tokens, int64_t n, float* out, ThreadPool& pool,
                  int32_t* routes = nullptr);
 

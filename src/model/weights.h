@@ -57,6 +57,10 @@ struct LayerWeights {
     Tensor attn_norm, ffn_norm;  // [d_model]
     AttentionWeights attn;
     MoeWeights moe;
+    // A numerics study, not the model: the inputs of the linears the CUDA backend runs in fp8
+    // (wq_a, wq_b, wkv, wo_a, wo_b, the indexer's wq_b, the experts) rounded to fp8 blocks as its
+    // fp8 path does (ops/fp8_act.h; EngineOptions::fp8_activations).
+    bool fp8_activations = false;
 };
 
 struct ExpertSlice {

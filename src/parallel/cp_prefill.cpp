@@ -225,7 +225,7 @@ void RankRunner::moe_experts(int si, int li) {
     const float* y_all = s.received[slot(Exchange::MoeInputs)];  // [padded, D]
     float* partial = coll_->send(Exchange::MoeSums, si, n * D);
     std::vector<int32_t> routes(opt_.record_topk && collect_ ? all * cfg_.top_k : 0);
-    moe_forward(L.moe, L.mlp, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_,
+    moe_forward(L, cfg_, y_all, s.tokens_rm.data(), all, partial, pool_,
                 routes.empty() ? nullptr : routes.data());
     if (routes.empty()) return;
     // rank-major rows → batch order (token t is row (t % C) · n + t / C)

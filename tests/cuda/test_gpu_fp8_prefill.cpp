@@ -59,11 +59,14 @@ std::vector<std::vector<int32_t>> requests() {
     return r;
 }
 
+// device_weights: "cpu", "cpu-fp8" (the CPU with the fp8 path's activation rounding,
+// EngineOptions::fp8_activations) or a --weights value for the GPU.
 RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
               ExpertGemm experts = ExpertGemm::Auto) {
     EngineOptions eo;
     eo.threads = 2;
-    eo.cuda = device_weights != "cpu";
+    eo.cuda = device_weights.rfind("cpu", 0) != 0;
+    eo.fp8_activations = device_weights == "cpu-fp8";
     if (eo.cuda) eo.weights = device_weights;
     PrefillEngine engine(checkpoint_dir(), eo);
     RunOptions o;
@@ -211,6 +214,15 @@ TEST(GpuFp8Prefill, StaysWithinFp8RoundingOfTheCpu) {
     // the target (2 points of argmax) is not met and is reported as such.
     EXPECT_TRUE(f.err.finite);
     EXPECT_GE(f.argmax, 0.75);
+    // The reference with the same activation rounding (docs/fp8.md, "Fidelity": the CPU with it
+    // lands as far from fp32 as the GPU's fp8 path does): what is left is the kernels'. Printed
+    // until a GPU run has measured it; then bound it like bf16 against fp32.
+    const RunResult cpu_fp8 = run("cpu-fp8");
+    std::printf(
+        "[ compare ] fp8 vs cpu with fp8 activations: argmax %.4f; row errors median %.3g, p90 "
+        "%.3g, max %.3g; frobenius %.3g\n",
+        compare(fp8, cpu_fp8, 3e-2).argmax, row_quantile(fp8, cpu_fp8, 0.5),
+        row_quantile(fp8, cpu_fp8, 0.9), row_quantile(fp8, cpu_fp8, 1.0), overall(fp8, cpu_fp8));
     EXPECT_LE(row_quantile(fp8, cpu, 0.5), 0.10);
     EXPECT_LE(row_quantile(bf16, cpu, 0.5), 0.02);
 }
