@@ -11,52 +11,28 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <tuple>
 
 #include "../golden/golden_util.h"
+#include "../unit/engine/fp8_fixture.h"
 #include "../unit/io/io_test_util.h"
 #include "cuda_test_util.h"
 #include "engine/prefill_engine.h"
 #include "io/checkpoint.h"
-#include "io/presets.h"
-#include "io/random_checkpoint.h"
 #include "model/weight_bytes.h"
 #include "ops/cuda/grouped_fp8.h"
 
 namespace cpfill {
 namespace {
 
-ModelConfig fp8_config() {
-    ModelConfig c = preset_config("tiny");
-    c.index_n_heads = 16;
-    return c;
-}
-
 // One upstream fp8 + fp4 checkpoint for the whole file (written once).
 const std::string& checkpoint_dir() {
     static test::TempDir dir;
     static const std::string path = [] {
-        RandomCheckpointOptions o;
-        o.seed = 11;
-        o.names = "upstream";
-        o.dtype = "fp8";
-        o.experts = "fp4";
-        o.threads = 2;
-        write_random_checkpoint(fp8_config(), dir.path().string(), o);
+        test::write_fp8_fixture(dir.path().string());
         return dir.path().string();
     }();
     return path;
-}
-
-// Two requests (207 and 142 tokens: odd local row counts) of random ids.
-std::vector<std::vector<int32_t>> requests() {
-    std::mt19937_64 rng(5);
-    std::uniform_int_distribution<int32_t> id(0, fp8_config().vocab_size - 1);
-    std::vector<std::vector<int32_t>> r{std::vector<int32_t>(207), std::vector<int32_t>(142)};
-    for (auto& req : r)
-        for (int32_t& t : req) t = id(rng);
-    return r;
 }
 
 // device_weights: "cpu", "cpu-fp8" (the CPU with the fp8 path's activation rounding,
@@ -74,7 +50,7 @@ RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
     o.record_topk = true;  // the indexer's selections and the router's choices
     o.tbo = tbo;
     o.expert_gemm = experts;
-    return engine.run(requests(), o);
+    return engine.run(test::fp8_fixture_requests(), o);
 }
 
 struct Agreement {

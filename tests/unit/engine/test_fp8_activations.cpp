@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "../io/io_test_util.h"
 #include "engine/prefill_engine.h"
-#include "io/presets.h"
-#include "io/random_checkpoint.h"
+#include "fp8_fixture.h"
 
 namespace cpfill {
 namespace {
@@ -24,27 +24,14 @@ RunResult run_cpu(const std::string& dir, bool fp8_activations) {
     eo.threads = 2;
     eo.fp8_activations = fp8_activations;
     PrefillEngine engine(dir, eo);
-    std::mt19937_64 rng(5);
-    std::uniform_int_distribution<int32_t> id(0, engine.config().vocab_size - 1);
-    std::vector<std::vector<int32_t>> req{std::vector<int32_t>(207), std::vector<int32_t>(142)};
-    for (auto& r : req)
-        for (int32_t& t : r) t = id(rng);
     RunOptions o;
     o.all_logits = true;
-    return engine.run(req, o);
+    return engine.run(test::fp8_fixture_requests(), o);
 }
 
 TEST(Fp8Activations, MoveTheCpuLogitsByE4m3Rounding) {
     test::TempDir dir;
-    ModelConfig cfg = preset_config("tiny");
-    cfg.index_n_heads = 16;
-    RandomCheckpointOptions o;
-    o.seed = 11;
-    o.names = "upstream";
-    o.dtype = "fp8";
-    o.experts = "fp4";
-    o.threads = 2;
-    write_random_checkpoint(cfg, dir.path().string(), o);
+    test::write_fp8_fixture(dir.path().string());
     const RunResult ref = run_cpu(dir.path().string(), false);
     const RunResult fp8 = run_cpu(dir.path().string(), true);
     ASSERT_EQ(fp8.out.logits.size(), ref.out.logits.size());
@@ -80,6 +67,22 @@ TEST(Fp8Activations, MoveTheCpuLogitsByE4m3Rounding) {
     // errors compound over the layers; a rounding that did nothing, or far more, fails here.
     EXPECT_GT(frob, 5e-3);
     EXPECT_LE(median, 0.10);
+}
+
+// The rounding is the CPU's imitation of the GPU's fp8 path: asked of the GPU backend, a clear
+// error before anything is loaded.
+TEST(Fp8Activations, AreRefusedOnTheGpuBackend) {
+    test::TempDir dir;
+    test::write_fp8_fixture(dir.path().string());
+    EngineOptions eo;
+    eo.cuda = true;
+    eo.fp8_activations = true;
+    try {
+        PrefillEngine engine(dir.path().string(), eo);
+        FAIL() << "expected an error";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("--weights fp8"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace
