@@ -23,6 +23,7 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/rope_device.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -76,15 +77,14 @@ __device__ __forceinline__ float quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// The RoPE pair (c, c + 1) (c even) of a head row: cos and sin of its angle inv_freq[j] · pos as
-// ops/cuda/rope.cu computes them, sin negated for the inverse; cos 1, sin 0 outside the slice.
+// The RoPE pair (c, c + 1) (c even) of a head row: cos and sin of its angle (rope_device::cos_sin),
+// sin negated for the inverse; cos 1, sin 0 outside the rotated slice.
 __device__ __forceinline__ void rope_cos_sin(int c, int rope_dim, const float* inv_freq, float pos,
                                              bool inverse, float& cs, float& sn) {
     cs = 1.0f;
     sn = 0.0f;
     if (c < kHeadDim - rope_dim) return;
-    sincosf(inv_freq[(c - (kHeadDim - rope_dim)) / 2] * pos, &sn, &cs);
-    if (inverse) sn = -sn;
+    rope_device::cos_sin(inv_freq, (c - (kHeadDim - rope_dim)) / 2, pos, inverse, cs, sn);
 }
 
 // Per-head RMSNorm (no weight, when norm) and RoPE of the first n_rows query rows in shared
@@ -128,9 +128,9 @@ __device__ void norm_rope_q(TcSmem<kM>& s, int n_rows, bool norm, float eps, int
             __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&v);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const float a = x[h][2 * k] * scale, b = x[h][2 * k + 1] * scale;
-                pairs[k] =
-                    __floats2bfloat162_rn(a * cs[h][k] - b * sn[h][k], b * cs[h][k] + a * sn[h][k]);
+                float a = x[h][2 * k] * scale, b = x[h][2 * k + 1] * scale;
+                rope_device::rotate(a, b, cs[h][k], sn[h][k]);
+                pairs[k] = __floats2bfloat162_rn(a, b);
             }
             *reinterpret_cast<uint4*>(&s.q[r][h * kHeadDim / 2 + lane * 8]) = v;
         }
@@ -433,9 +433,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
-                const float a = o[mf][nt][2 * half] * inv, b = o[mf][nt][2 * half + 1] * inv;
+                float a = o[mf][nt][2 * half] * inv, b = o[mf][nt][2 * half + 1] * inv;
+                rope_device::rotate(a, b, cs[nt], sn[nt]);
                 *reinterpret_cast<__nv_bfloat162*>(&s.q[r][d0 + nt * 8 + 2 * c4]) =
-                    __floats2bfloat162_rn(a * cs[nt] - b * sn[nt], b * cs[nt] + a * sn[nt]);
+                    __floats2bfloat162_rn(a, b);
             }
         }
     }

@@ -3,6 +3,7 @@
 // 8-byte loads of 4 channels per lane. Other widths: one warp per head block reading it twice
 // (rmsnorm_rope), or one block per row (rmsnorm: d_model-wide rows).
 #include "ops/cuda/norm.h"
+#include "ops/cuda/rope_device.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -23,11 +24,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ void rotate(float& a, float& b, int c, const NormRope& p, float fpos) {
     const int r0 = p.head_dim - p.rope_dim;
     if (p.rope_dim == 0 || c < r0) return;
-    float s, co;
-    sincosf(p.inv_freq[(c - r0) / 2] * fpos, &s, &co);
-    const float x = a, y = b;
-    a = x * co - y * s;
-    b = y * co + x * s;
+    float co, s;
+    rope_device::cos_sin(p.inv_freq, (c - r0) / 2, fpos, false, co, s);
+    rope_device::rotate(a, b, co, s);
 }
 
 // One warp per (row, head): lane l holds channels 4 (32 i + l) … + 3 for i < kVec.
