@@ -1,8 +1,9 @@
 // The fp8 activation paths of the GPU model: fp8_linear for any row count (the 4-row tail), and the
-// routed experts' padded fp8 rows (ops/cuda/moe_fp8.h): gather by expert with quantisation,
-// SwiGLU with quantisation. Each against a host computation of the same thing: the gather to the
-// bit, on the 16-byte and the scalar path, and the SwiGLU of all experts at once to the bit as per
-// expert.
+// routed experts' padded fp8 rows (ops/cuda/moe_fp8.h): expert offsets and gather by expert with
+// quantisation, with and without the shared expert as expert E, and SwiGLU with quantisation; and
+// the combine of the expert outputs with the shared expert's in bf16 (ops/cuda/moe_dispatch.h).
+// Each against a host computation of the same thing: offsets, gather and combine to the bit, on
+// the 16-byte and the scalar path, and the SwiGLU of all experts at once to the bit as per expert.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "cuda_test_util.h"
 #include "ops/cuda/fp8.h"
 #include "ops/cuda/fp8_linear.h"
+#include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
 #include "runtime/cuda/cuda_check.h"
 
@@ -198,28 +200,65 @@ std::vector<int32_t> padded_offsets(const std::vector<int32_t>& counts) {
     return pfirst;
 }
 
+// expert_offsets with the shared expert as expert E: E + 2 entries, the routed prefix sums of the
+// counts and of their padded counts, then shared_rows more rows and padded_rows(shared_rows) more
+// padded rows; without it E + 1 entries. Nothing written past them. Empty experts first, last and
+// between, one expert, 256 experts; shared row counts below, at and above multiples of 4 and 128.
+TEST(MoeFp8, ExpertOffsetsPutTheSharedExpertLast) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    std::vector<int32_t> many(256);
+    std::mt19937_64 rng(61);
+    for (int32_t& c : many) c = rng() % 3 == 0 ? 0 : static_cast<int32_t>(rng() % 40);
+    const std::vector<std::vector<int32_t>> count_sets{
+        {0, 5, 0, 0, 3, 0}, {0}, {7}, {4, 1, 8, 6}, many};
+    for (const auto& counts : count_sets) {
+        const int E = static_cast<int>(counts.size());
+        const cuda::DeviceBuffer dc = upload(counts);
+        for (const int64_t shared_rows : {0, 1, 4, 5, 8, 127, 128, 130}) {
+            SCOPED_TRACE(::testing::Message()
+                         << E << " experts, " << shared_rows << " shared rows");
+            std::vector<int32_t> first(E + 1, 0);
+            for (int e = 0; e < E; ++e) first[e + 1] = first[e] + counts[e];
+            std::vector<int32_t> pfirst = padded_offsets(counts);
+            if (shared_rows > 0) {
+                first.push_back(first[E] + static_cast<int32_t>(shared_rows));
+                pfirst.push_back(pfirst[E] + static_cast<int32_t>(oc::padded_rows(shared_rows)));
+                ASSERT_EQ(pfirst[E + 1] % oc::kExpertRowAlign, 0);
+            }
+            std::vector<int32_t> want_first(E + 3, -9), want_pfirst(E + 3, -9);
+            const cuda::DeviceBuffer dfirst = upload(want_first), dpfirst = upload(want_pfirst);
+            oc::expert_offsets(dc.as<int32_t>(), E, dfirst.as<int32_t>(), dpfirst.as<int32_t>(),
+                               nullptr, shared_rows);
+            CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+            std::copy(first.begin(), first.end(), want_first.begin());
+            std::copy(pfirst.begin(), pfirst.end(), want_pfirst.begin());
+            expect_same(download<int32_t>(dfirst, E + 3), want_first, "first");
+            expect_same(download<int32_t>(dpfirst, E + 3), want_pfirst, "pfirst");
+        }
+    }
+}
+
 struct GatherCase {
     int64_t D;
     int top_k;
     std::vector<int32_t> counts;
-    int64_t y_off, q_off;  // elements of y's buffer before y, bytes of xq's before xq
+    int64_t y_off, q_off;     // elements of y's buffer before y, bytes of xq's before xq
+    int64_t shared_rows = 0;  // > 0: the shared expert's rows follow as expert E
 };
 
-class MoeFp8Gather : public ::testing::TestWithParam<GatherCase> {};
-
-// gather_quant_fp8 equals the host gather and quantisation bit for bit: xq and its scales, sp and
-// inv, pad rows zeros with scale 1 and weight 0, empty experts first, last and between, padded
-// rows not a multiple of the kernel's 8 rows per block; on the 16-byte path and the scalar one (y
-// or xq misaligned). Every (token, block) has its own magnitude, some an outlier; xq lies among
-// sentinels.
-TEST_P(MoeFp8Gather, EqualsTheHostGatherBitForBit) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    const GatherCase p = GetParam();
+// gather_quant_fp8 after expert_offsets (both with p.shared_rows) equals the host gather and
+// quantisation bit for bit: first and pfirst, xq and its scales, sp and inv. The routed experts'
+// rows are y[a / top_k] of their assignments; with p.shared_rows > 0 expert E's are y's rows 0 …
+// shared_rows − 1 in order with routing weight 1, and inv stays unwritten for them. Pad rows are
+// zeros with scale 1 and weight 0. Every (row, block) of y has its own magnitude, some an outlier;
+// xq, xs, sp, inv, first and pfirst lie among sentinels.
+void expect_gather_equals_host(const GatherCase& p) {
     const int E = static_cast<int>(p.counts.size());
+    const bool with_shared = p.shared_rows > 0;
     const int64_t kb_n = p.D / 128;
     const int64_t n_assign = std::accumulate(p.counts.begin(), p.counts.end(), int64_t{0});
     ASSERT_EQ(n_assign % p.top_k, 0);
-    const int64_t tokens = n_assign / p.top_k;
+    const int64_t tokens = n_assign / p.top_k, y_rows = std::max(tokens, p.shared_rows);
     std::vector<int32_t> expert;  // of each assignment: counts[e] times e, shuffled
     for (int e = 0; e < E; ++e) expert.insert(expert.end(), p.counts[e], e);
     std::shuffle(expert.begin(), expert.end(), std::mt19937_64(31));
@@ -228,52 +267,75 @@ TEST_P(MoeFp8Gather, EqualsTheHostGatherBitForBit) {
     std::stable_sort(perm.begin(), perm.end(),
                      [&](int32_t a, int32_t b) { return expert[a] < expert[b]; });
     const std::vector<float> weight = test_cuda::random_f32(n_assign, 32);
-    std::vector<float> y = test_cuda::random_bf16(p.y_off + tokens * p.D, 33);
-    for (int64_t t = 0; t < tokens; ++t)
+    std::vector<float> y = test_cuda::random_bf16(p.y_off + y_rows * p.D, 33);
+    for (int64_t t = 0; t < y_rows; ++t)
         for (int64_t c = 0; c < p.D; ++c) {
             const int64_t kb = c / 128;
             float& v = y[p.y_off + t * p.D + c];
             v *= std::ldexp(1.0f, static_cast<int>((t * 3 + kb) % 9) - 4);
             if ((t + kb) % 5 == 0 && c % 128 == (t * 7 + kb) % 128) v *= 4096.0f;
         }
-    std::vector<int32_t> first(E + 1, 0);
-    for (int e = 0; e < E; ++e) first[e + 1] = first[e] + p.counts[e];
-    const std::vector<int32_t> pfirst = padded_offsets(p.counts);
-    const int64_t n_pad = pfirst[E];
+    // The experts as the device sees them: the shared one, when there, as expert E.
+    std::vector<int32_t> rows = p.counts;
+    if (with_shared) rows.push_back(static_cast<int32_t>(p.shared_rows));
+    const int n_blocks = static_cast<int>(rows.size());
+    std::vector<int32_t> first(n_blocks + 1, 0);
+    for (int e = 0; e < n_blocks; ++e) first[e + 1] = first[e] + rows[e];
+    const std::vector<int32_t> pfirst = padded_offsets(rows);
+    const int64_t n_pad = pfirst[n_blocks];
+    constexpr int64_t kTail = 8;  // sentinels after xs, sp, inv, first and pfirst
     const size_t q_bytes = p.q_off + n_pad * p.D + 64;
     std::vector<uint8_t> want_q(q_bytes, 0xA5);
-    std::vector<float> want_s(n_pad * kb_n, -3.0f), want_sp(n_pad, -3.0f), block(128);
-    std::vector<int32_t> want_inv(n_assign, -1);
+    std::vector<float> want_s(n_pad * kb_n + kTail, -3.0f), want_sp(n_pad + kTail, -3.0f),
+        block(128);
+    std::vector<int32_t> want_inv(n_assign + p.shared_rows + kTail, -1);
+    std::vector<int32_t> want_first(n_blocks + 1 + kTail, -9), want_pfirst = want_first;
     const cuda::DeviceBuffer dy = upload(to_bf16(y)), dperm = upload(perm), dw = upload(weight),
                              dc = upload(p.counts), xq = upload(want_q), xs = upload(want_s),
-                             sp = upload(want_sp), inv = upload(want_inv);
-    cuda::DeviceBuffer dfirst((E + 1) * 4), dpfirst((E + 1) * 4);
-    oc::expert_offsets(dc.as<int32_t>(), E, dfirst.as<int32_t>(), dpfirst.as<int32_t>(), nullptr);
+                             sp = upload(want_sp), inv = upload(want_inv),
+                             dfirst = upload(want_first), dpfirst = upload(want_pfirst);
+    oc::expert_offsets(dc.as<int32_t>(), E, dfirst.as<int32_t>(), dpfirst.as<int32_t>(), nullptr,
+                       p.shared_rows);
     oc::gather_quant_fp8(dy.as<__nv_bfloat16>() + p.y_off, p.D, dperm.as<int32_t>(), p.top_k,
                          dw.as<float>(), dc.as<int32_t>(), dfirst.as<int32_t>(),
                          dpfirst.as<int32_t>(), E, n_pad, xq.as<uint8_t>() + p.q_off,
-                         xs.as<float>(), sp.as<float>(), inv.as<int32_t>(), nullptr);
+                         xs.as<float>(), sp.as<float>(), inv.as<int32_t>(), nullptr, p.shared_rows);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-    for (int e = 0; e < E; ++e) {
+    std::copy(first.begin(), first.end(), want_first.begin());
+    std::copy(pfirst.begin(), pfirst.end(), want_pfirst.begin());
+    for (int e = 0; e < n_blocks; ++e) {
+        const bool shared = e == E;
         const int64_t m4 = pfirst[e + 1] - pfirst[e];
         for (int64_t i = 0; i < m4; ++i) {
             const int64_t r = pfirst[e] + i;
-            const bool valid = i < p.counts[e];
-            const int32_t a = valid ? perm[first[e] + i] : 0;
+            const bool valid = i < rows[e];
+            const int32_t a = valid && !shared ? perm[first[e] + i] : 0;
+            const int64_t row = shared ? i : a / p.top_k;  // of y
             for (int64_t kb = 0; kb < kb_n; ++kb) {
                 for (int64_t k = 0; k < 128; ++k)
-                    block[k] = valid ? y[p.y_off + (a / p.top_k) * p.D + kb * 128 + k] : 0.0f;
+                    block[k] = valid ? y[p.y_off + row * p.D + kb * 128 + k] : 0.0f;
                 want_s[pfirst[e] * kb_n + kb * m4 + i] =
                     quantise_block(block.data(), &want_q[p.q_off + r * p.D + kb * 128]);
             }
-            want_sp[r] = valid ? weight[a] : 0.0f;
-            if (valid) want_inv[a] = static_cast<int32_t>(r);
+            want_sp[r] = !valid ? 0.0f : shared ? 1.0f : weight[a];
+            if (valid && !shared) want_inv[a] = static_cast<int32_t>(r);
         }
     }
+    expect_same(download<int32_t>(dfirst, want_first.size()), want_first, "first");
+    expect_same(download<int32_t>(dpfirst, want_pfirst.size()), want_pfirst, "pfirst");
     expect_same(download<uint8_t>(xq, q_bytes), want_q, "xq");
     expect_same(download<float>(xs, want_s.size()), want_s, "xs");
     expect_same(download<float>(sp, want_sp.size()), want_sp, "sp");
     expect_same(download<int32_t>(inv, want_inv.size()), want_inv, "inv");
+}
+
+class MoeFp8Gather : public ::testing::TestWithParam<GatherCase> {};
+
+// The routed experts alone: empty experts first, last and between, padded rows not a multiple of
+// the kernel's 8 rows per block; on the 16-byte path and the scalar one (y or xq misaligned).
+TEST_P(MoeFp8Gather, EqualsTheHostGatherBitForBit) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    expect_gather_equals_host(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -282,6 +344,28 @@ INSTANTIATE_TEST_SUITE_P(
                       GatherCase{4096, 1, {17, 0, 5, 2}, 0, 0},           // d_model: 4 steps
                       GatherCase{256, 2, {3, 0, 6, 1, 10}, 1, 0},         // y misaligned
                       GatherCase{384, 3, {2, 7, 0, 3}, 0, 4}));           // xq misaligned
+
+class MoeFp8GatherShared : public ::testing::TestWithParam<GatherCase> {};
+
+// With the shared expert as expert E (every token's row, docs/fp8.md): the routed rows exactly as
+// without it, then y's rows in order quantised the same way with weight 1, its pad rows zeros with
+// scale 1 and weight 0, and inv written for the routed assignments only. Row counts not multiples
+// of 4 (1, 5, 10, 130) and one (24) that is, the last routed expert empty, no routed rows at all;
+// on the 16-byte path and the scalar one (y or xq misaligned).
+TEST_P(MoeFp8GatherShared, SharedExpertRowsFollowTheRoutedOnesBitForBit) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    expect_gather_equals_host(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeFp8GatherShared,
+    ::testing::Values(GatherCase{1408, 2, {0, 3, 0, 6, 1, 10, 0}, 0, 0, 10},  // 11 blocks a row
+                      GatherCase{4096, 1, {17, 0, 5, 2}, 0, 0, 24},           // 4 steps, 24 rows
+                      GatherCase{256, 2, {3, 0, 6, 1, 10}, 1, 0, 10},         // y misaligned
+                      GatherCase{384, 3, {2, 7, 0, 3, 3}, 0, 4, 5},           // xq misaligned
+                      GatherCase{256, 2, {100, 0, 60, 100}, 0, 0, 130},       // 130 rows
+                      GatherCase{128, 1, {1}, 0, 0, 1},                       // one token
+                      GatherCase{256, 1, {0, 0, 0}, 0, 0, 5}));  // no routed rows at all
 
 struct SwigluCase {
     int64_t width;
@@ -371,6 +455,69 @@ INSTANTIATE_TEST_SUITE_P(
                       SwigluCase{2048, 0.0f, {3, 6}, 0, 0},           // moe_dim, no limit
                       SwigluCase{256, 2.5f, {5, 0, 3}, 1, 0},         // gate_up misaligned
                       SwigluCase{384, 2.5f, {2, 7}, 0, 4}));          // aq misaligned
+
+struct CombineCase {
+    int64_t n;
+    int top_k;
+    int64_t D;
+    int64_t shared_off, op_off,
+        out_off;  // elements of each buffer before shared (and acc), op, out
+};
+
+class MoeCombineShared : public ::testing::TestWithParam<CombineCase> {};
+
+// combine_experts with the shared expert's output in bf16 equals the fp32 overload given acc =
+// float(shared) bit for bit, and the host's fp32 sum shared[t] + op[inv[t·K]] + … + op[inv[t·K +
+// K − 1]] in that order rounded to bf16 (additions only, so the host's bits are the device's). On
+// the 8-wide path and the scalar one (d_model % 8 ≠ 0, or shared, op or out off 16 bytes; an
+// offset of 4 elements puts the bf16 shared off 16 bytes but the fp32 acc on them, so the two
+// overloads take different paths); inv a shuffled permutation; out lies among sentinels.
+TEST_P(MoeCombineShared, Bf16SharedEqualsTheFp32OverloadAndTheHostSum) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const CombineCase c = GetParam();
+    const int64_t D = c.D, n_assign = c.n * c.top_k;
+    constexpr uint16_t kSentinel = 0xc0e0;  // bf16 -7.0
+    // Shared outputs larger than the expert outputs: the roundings of the partial sums matter.
+    const std::vector<float> shared = test_cuda::random_bf16(c.shared_off + c.n * D, 51, 4.0f);
+    const std::vector<float> op = test_cuda::random_bf16(c.op_off + n_assign * D, 52);
+    std::vector<int32_t> inv(n_assign);
+    std::iota(inv.begin(), inv.end(), 0);
+    std::shuffle(inv.begin(), inv.end(), std::mt19937_64(53));
+    const size_t out_n = c.out_off + c.n * D + 16;
+    std::vector<uint16_t> want(out_n, kSentinel);
+    const cuda::DeviceBuffer dshared = upload(to_bf16(shared)), dacc = upload(shared),
+                             dop = upload(to_bf16(op)), dinv = upload(inv), out_bf16 = upload(want),
+                             out_f32 = upload(want);
+    const __nv_bfloat16* o = dop.as<__nv_bfloat16>() + c.op_off;
+    oc::combine_experts(dshared.as<__nv_bfloat16>() + c.shared_off, o, dinv.as<int32_t>(), c.n,
+                        c.top_k, D, out_bf16.as<__nv_bfloat16>() + c.out_off, nullptr);
+    oc::combine_experts(dacc.as<float>() + c.shared_off, o, dinv.as<int32_t>(), c.n, c.top_k, D,
+                        out_f32.as<__nv_bfloat16>() + c.out_off, nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int64_t t = 0; t < c.n; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+            float s = shared[c.shared_off + t * D + d];
+            for (int k = 0; k < c.top_k; ++k) s += op[c.op_off + inv[t * c.top_k + k] * D + d];
+            want[c.out_off + t * D + d] = f32_to_bf16(s);
+        }
+    const auto got = download<uint16_t>(out_bf16, out_n);
+    expect_same(got, download<uint16_t>(out_f32, out_n), "bf16 shared against fp32 acc");
+    expect_same(got, want, "bf16 shared against the host");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MoeCombineShared,
+    ::testing::Values(CombineCase{37, 6, 1024, 0, 0, 0},  // 8-wide
+                      CombineCase{9, 8, 4096, 0, 0, 0},   // 8-wide, d_model of V4-Flash
+                      CombineCase{37, 6, 1000, 0, 0, 0},  // 8-wide, d_model / 8 odd
+                      CombineCase{23, 3, 300, 0, 0, 0},   // scalar: d_model % 8 = 4
+                      CombineCase{23, 3, 129, 0, 0, 0},   // scalar: d_model odd
+                      CombineCase{17, 2, 512, 1, 0, 0},   // scalar: shared and acc misaligned
+                      CombineCase{17, 2, 512, 4, 0, 0},   // scalar bf16 shared, 8-wide fp32 acc
+                      CombineCase{17, 2, 512, 0, 1, 0},   // scalar: op misaligned
+                      CombineCase{17, 2, 512, 0, 0, 1},   // scalar: out misaligned
+                      CombineCase{1, 1, 8, 0, 0, 0},      // one token, one expert
+                      CombineCase{0, 2, 256, 0, 0, 0}));  // no tokens: nothing written
 
 }  // namespace
 }  // namespace cpfill

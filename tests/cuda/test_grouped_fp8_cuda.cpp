@@ -5,7 +5,8 @@
 // expert sizes include 0, 4 and row tiles cut short at every multiple of 4 rows, more tiles than
 // multiprocessors and more k-blocks than pipeline stages. Both epilogues store the same fp32 sums
 // rounded the same way, so their outputs must be bit-identical; and neither may write a row past
-// an expert's padded block, which the TMA boxes of TmaStore could.
+// an expert's padded block, which the TMA boxes of TmaStore could. The last expert's weights held
+// apart (w_last, ws_last: the shared expert's) must give the bits of all in one buffer.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -95,9 +96,29 @@ Problem make_problem(const Case& c, uint64_t seed) {
     return p;
 }
 
+// The weights of a problem with the last expert's held apart (GroupedFp8Gemm::w_last, ws_last): w
+// and ws in buffers of their own holding only the first E − 1 experts, which a read of expert E − 1
+// at its place in them would overrun. For E = 1 they hold nothing: w and ws are nullptr.
+struct WeightsApart {
+    cuda::DeviceBuffer w, ws, w_last, ws_last;
+};
+
+WeightsApart hold_last_apart(const Problem& p) {
+    const auto w_split = p.wq.begin() + (p.E - 1) * p.N * p.K;
+    const auto ws_split = p.ws.begin() + (p.E - 1) * p.spm;
+    WeightsApart a;
+    a.w = upload(std::vector<uint8_t>(p.wq.begin(), w_split));
+    a.ws = upload(std::vector<float>(p.ws.begin(), ws_split));
+    a.w_last = upload(std::vector<uint8_t>(w_split, p.wq.end()));
+    a.ws_last = upload(std::vector<float>(ws_split, p.ws.end()));
+    return a;
+}
+
 // y bf16 [n_pad + 2, N] from one launch over the first n_experts experts (n_pad rows, the tensor
-// maps' extent, stay the whole problem's), every row first set to the sentinel.
-std::vector<uint16_t> run_gemm(const Problem& p, GroupedFp8Epilogue epi, int n_experts) {
+// maps' extent, stay the whole problem's), every row first set to the sentinel; the weights from
+// p's one buffer, or with apart the last expert's held apart.
+std::vector<uint16_t> run_gemm(const Problem& p, GroupedFp8Epilogue epi, int n_experts,
+                               const WeightsApart* apart = nullptr) {
     const std::vector<uint16_t> init((p.n_pad + 2) * p.N, kSentinel);
     cuda::DeviceBuffer dy = upload(init);
     oc::GroupedFp8Gemm g;
@@ -108,6 +129,12 @@ std::vector<uint16_t> run_gemm(const Problem& p, GroupedFp8Epilogue epi, int n_e
     g.n_experts = n_experts;
     g.w = p.dwq.as<void>();
     g.ws = p.dws.as<float>();
+    if (apart) {
+        g.w = apart->w.as<void>();  // nullptr for E = 1: no expert but the last
+        g.ws = apart->ws.as<float>();
+        g.w_last = apart->w_last.as<void>();
+        g.ws_last = apart->ws_last.as<float>();
+    }
     g.ws_per_expert = p.spm;
     g.in = p.K;
     g.out = p.N;
@@ -225,6 +252,44 @@ TEST_P(GroupedFp8, NothingWrittenPastAnExpertsPaddedRows) {
                 ASSERT_EQ(y[r * p.N + o], kSentinel)
                     << "over the first " << n << " experts (" << p.pfirst[n]
                     << " padded rows): row " << r << " column " << o << " was written";
+    }
+}
+
+// The last expert's weights and scales held apart (w_last, ws_last: the shared expert's) give the
+// bits of all experts' in one buffer, and the reference: the last expert with row counts off the
+// 128-row tiles (130, 517) among empty experts, with more tiles than multiprocessors and long K,
+// the last expert the only non-empty one, the last expert empty, and E = 1 (w and ws nullptr).
+TEST_P(GroupedFp8, LastExpertHeldApartEqualsOneBuffer) {
+    CPFILL_SKIP_WITHOUT_KERNEL();
+    struct {
+        Case c;
+        uint64_t seed;
+        bool reference;  // also against the fp64 reference (the small ones)
+    } const cases[] = {
+        {{{0, 3, 130, 0, 257, 1, 130}, 256, 384}, 11, true},
+        {{{1200, 0, 64, 517}, 1024, 2048}, 12, false},
+        {{{0, 0, 0, 130}, 256, 384}, 13, true},
+        {{{5, 130, 0}, 256, 384}, 14, true},
+        {{{517}, 384, 256}, 15, true},
+    };
+    for (const auto& [c, seed, reference] : cases) {
+        SCOPED_TRACE(::testing::Message() << "seed " << seed);
+        const Problem p = make_problem(c, seed);
+        const WeightsApart a = hold_last_apart(p);
+        const std::vector<uint16_t> one = run_gemm(p, GetParam(), p.E),
+                                    held = run_gemm(p, GetParam(), p.E, &a);
+        ASSERT_EQ(one.size(), held.size());
+        int64_t differ = 0, first = -1;
+        for (size_t i = 0; i < one.size(); ++i)
+            if (one[i] != held[i]) {
+                if (first < 0) first = static_cast<int64_t>(i);
+                ++differ;
+            }
+        EXPECT_EQ(differ, 0) << differ << " of " << one.size()
+                             << " outputs differ; the first at row " << first / p.N << " column "
+                             << first % p.N << " (one buffer " << std::hex << one[first]
+                             << ", held apart " << held[first] << ")";
+        if (reference) check_against_reference(p, held);
     }
 }
 

@@ -42,6 +42,10 @@ bool experts_grouped_fp8(const GpuLayer& L, bool allowed) {
            L.w2.blocks() == oc::Fp8Blocks::Tile128;
 }
 
+bool shared_expert_folded(const GpuLayer& L) {
+    return (L.w13.fp8() || L.w13.fp4()) && L.shared_w13.fp8() && L.shared_w2.fp8();
+}
+
 int64_t gpu_moe_plan_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
                              int64_t max_rows) {
     const int64_t D = W.cfg.d_model, width = W.width;
@@ -112,8 +116,12 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         w2 = {L.w2.data.as<uint8_t>(), L.w2.scale.as<float>(), L.w2.scales_per_matrix(),
               L.w2.blocks()};
     }
+    // The shared expert as expert E (shared_expert_folded): every row, after the routed ones.
+    const bool fold = shared_expert_folded(L);
+    const int64_t shared_rows = fold ? rows : 0;
+    const int En = fold ? E + 1 : E;  // experts in the gathered rows
     // Each expert's first row: in the sorted assignments, and in the padded rows of fp8 experts.
-    std::vector<int64_t> first(E + 1, 0), pfirst(E + 1, 0);
+    std::vector<int64_t> first(E + 2, 0), pfirst(E + 2, 0);
     for (int e = 0; e < E; ++e) {
         const int64_t m = r.host_counts[e];
         CPFILL_CHECK(m >= 0 && m <= rows && first[e] + m <= n_assign,
@@ -122,10 +130,12 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         pfirst[e + 1] = pfirst[e] + (fp8 ? oc::padded_rows(m) : m);
     }
     CPFILL_CHECK(first[E] == n_assign, "expert counts sum to {}, expected {}", first[E], n_assign);
+    first[E + 1] = first[E] + shared_rows;
+    pfirst[E + 1] = pfirst[E] + oc::padded_rows(shared_rows);
     if (fp8) {
-        oc::expert_offsets(r.counts, E, s.first, s.pfirst, c.stream);
-        oc::gather_quant_fp8(y, D, r.perm, K, r.weight, r.counts, s.first, s.pfirst, E, pfirst[E],
-                             s.xq, s.xs, s.sp, s.inv, c.stream);
+        oc::expert_offsets(r.counts, E, s.first, s.pfirst, c.stream, shared_rows);
+        oc::gather_quant_fp8(y, D, r.perm, K, r.weight, r.counts, s.first, s.pfirst, E, pfirst[En],
+                             s.xq, s.xs, s.sp, s.inv, c.stream, shared_rows);
     } else {
         oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
     }
@@ -135,9 +145,12 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     // cuBLAS's grouped GEMMs on expert stream 0, or a GEMM pair per expert, largest first, each on
     // the expert stream with the fewest rows so far. Every expert works on its own rows of every
     // buffer, so they never touch the same memory.
+    // (A folded shared expert's matrices are 128×128 tiles: gpu_storage makes no other fp8.)
     const bool fp8_grouped =
         experts_grouped_fp8(L, es.fp8_grouped) &&
-        (es.fp8_grouped_max_mean_rows == 0 || n_assign <= es.fp8_grouped_max_mean_rows * E);
+        (!fold || (L.shared_w13.blocks() == oc::Fp8Blocks::Tile128 &&
+                   L.shared_w2.blocks() == oc::Fp8Blocks::Tile128)) &&
+        (fold || es.fp8_grouped_max_mean_rows == 0 || n_assign <= es.fp8_grouped_max_mean_rows * E);
     const bool grouped = (es.grouped && !fp8) || fp8_grouped;
     const int ns = fp8_grouped ? 0 : grouped ? 1 : es.count;
     CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
@@ -147,23 +160,31 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         oc::GroupedFp8Gemm g;
         g.x = s.xq;
         g.xs = s.xs;
-        g.n_pad = pfirst[E];
+        g.n_pad = pfirst[En];
         g.pfirst = s.pfirst;
-        g.n_experts = E;
+        g.n_experts = En;
         g.w = w13.q;
         g.ws = w13.s;
         g.ws_per_expert = w13.spm;
+        if (fold) {
+            g.w_last = L.shared_w13.data.as<void>();
+            g.ws_last = L.shared_w13.scale.as<float>();
+        }
         g.in = D;
         g.out = 2 * width;
         g.y = s.gu;
         oc::grouped_gemm_fp8(g, st);
-        oc::swiglu_quant_fp8_experts(s.gu, pfirst[E], width, limit, s.sp, s.pfirst, E, s.aq, s.as,
+        oc::swiglu_quant_fp8_experts(s.gu, pfirst[En], width, limit, s.sp, s.pfirst, En, s.aq, s.as,
                                      st);
         g.x = s.aq;
         g.xs = s.as;
         g.w = w2.q;
         g.ws = w2.s;
         g.ws_per_expert = w2.spm;
+        if (fold) {
+            g.w_last = L.shared_w2.data.as<void>();
+            g.ws_last = L.shared_w2.scale.as<float>();
+        }
         g.in = width;
         g.out = D;
         g.y = s.op;
@@ -174,13 +195,15 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         oc::swiglu(s.gu, n_assign, width, limit, s.sp, s.act, st);
         es.grouped->experts(r.counts, r.host_counts, E, s.act, width, L.w2.bf16(), D, s.op, st);
     } else {
-        std::vector<int> order(E);
+        // Largest first; the folded shared expert (every row) is one of them.
+        std::vector<int> order(En);
         std::iota(order.begin(), order.end(), 0);
+        const auto count = [&](int e) { return first[e + 1] - first[e]; };
         std::stable_sort(order.begin(), order.end(),
-                         [&](int a, int b) { return r.host_counts[a] > r.host_counts[b]; });
+                         [&](int a, int b) { return count(a) > count(b); });
         int64_t load[kMaxExpertStreams] = {};
         for (const int e : order) {
-            const int64_t m = r.host_counts[e];
+            const int64_t m = count(e);
             if (m == 0) break;
             const int si = static_cast<int>(std::min_element(load, load + ns) - load);
             load[si] += m;
@@ -190,14 +213,23 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
             bf16* gu = s.gu + off * 2 * width;
             bf16* op = s.op + off * D;
             if (fp8) {
+                const bool sh = e == E;
+                const Fp8Weights e13 =
+                    sh ? Fp8Weights{L.shared_w13.data.as<uint8_t>(), L.shared_w13.scale.as<float>(),
+                                    0, L.shared_w13.blocks()}
+                       : Fp8Weights{w13.q + e * 2 * width * D, w13.s + e * w13.spm, 0, w13.blocks};
+                const Fp8Weights e2 =
+                    sh ? Fp8Weights{L.shared_w2.data.as<uint8_t>(), L.shared_w2.scale.as<float>(),
+                                    0, L.shared_w2.blocks()}
+                       : Fp8Weights{w2.q + e * D * width, w2.s + e * w2.spm, 0, w2.blocks};
                 oc::gemm_fp8(g, static_cast<uint8_t*>(s.xq) + off * D, s.xs + off * (D / 128),
-                             rows_e, D, w13.q + e * 2 * width * D, w13.s + e * w13.spm, w13.blocks,
-                             2 * width, gu, nullptr, 2 * width, st);
+                             rows_e, D, e13.q, e13.s, e13.blocks, 2 * width, gu, nullptr, 2 * width,
+                             st);
                 uint8_t* aq = static_cast<uint8_t*>(s.aq) + off * width;
                 float* as = s.as + off * (width / 128);
                 oc::swiglu_quant_fp8(gu, rows_e, width, limit, s.sp + off, aq, as, st);
-                oc::gemm_fp8(g, aq, as, rows_e, width, w2.q + e * D * width, w2.s + e * w2.spm,
-                             w2.blocks, D, op, nullptr, D, st);
+                oc::gemm_fp8(g, aq, as, rows_e, width, e2.q, e2.s, e2.blocks, D, op, nullptr, D,
+                             st);
                 continue;
             }
             bf16* act = s.act + off * width;
@@ -208,15 +240,21 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
                             st);
         }
     }
-    // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32.
-    gpu_linear(c, L.shared_w13, y, D, rows, s.gu_shared, nullptr, 2 * width);
-    oc::swiglu(s.gu_shared, rows, width, limit, nullptr, s.act_shared, c.stream);
-    gpu_linear(c, L.shared_w2, s.act_shared, width, rows, nullptr, s.acc, D);
+    // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32,
+    // unless it ran as expert E.
+    if (!fold) {
+        gpu_linear(c, L.shared_w13, y, D, rows, s.gu_shared, nullptr, 2 * width);
+        oc::swiglu(s.gu_shared, rows, width, limit, nullptr, s.act_shared, c.stream);
+        gpu_linear(c, L.shared_w2, s.act_shared, width, rows, nullptr, s.acc, D);
+    }
     for (int i = 0; i < ns; ++i) {
         CPFILL_CUDA_CHECK(cudaEventRecord(es.join[i], es.stream[i]));
         CPFILL_CUDA_CHECK(cudaStreamWaitEvent(c.stream, es.join[i], 0));
     }
-    oc::combine_experts(s.acc, s.op, s.inv, rows, K, D, out, c.stream);
+    if (fold)
+        oc::combine_experts(s.op + pfirst[E] * D, s.op, s.inv, rows, K, D, out, c.stream);
+    else
+        oc::combine_experts(s.acc, s.op, s.inv, rows, K, D, out, c.stream);
 }
 
 }  // namespace cpfill::cuda

@@ -30,7 +30,9 @@ struct GpuRouteScratch {
 
 // Expert work space, shared by the sub-batches (their MoE stages run one after the other). With
 // fp8 experts the routed rows are padded per expert (ops/cuda/moe_fp8.h): R = max_padded_rows(rows
-// · top_k, n_experts) rows, and xq / aq replace xp / act; else R = rows · top_k.
+// · top_k, n_experts) rows (+ padded_rows(rows) when the shared expert is folded in as expert E),
+// and xq / aq replace xp / act; else R = rows · top_k. The *_shared buffers and acc serve a shared
+// expert that is not folded in.
 struct GpuMoeScratch {
     int32_t* inv = nullptr;     // [rows · top_k]
     bf16* xp = nullptr;         // [R, d_model] (bf16 experts)
@@ -42,8 +44,8 @@ struct GpuMoeScratch {
     float* xs = nullptr;        // [R · d_model / 128]
     void* aq = nullptr;         // e4m3 [R, width]
     float* as = nullptr;        // [R · width / 128]
-    int32_t* first = nullptr;   // [n_experts + 1]
-    int32_t* pfirst = nullptr;  // [n_experts + 1]
+    int32_t* first = nullptr;   // [n_experts + 2]
+    int32_t* pfirst = nullptr;  // [n_experts + 2]
     // fp4 experts: the layer's experts re-encoded to e4m3 with Tile128 scales (fp4_to_fp8_tiles)
     uint8_t* w13_q = nullptr;    // [n_experts][2 · width, d_model]
     float* w13_s = nullptr;      // [n_experts][fp8_scale_count(2 · width, d_model, Tile128)]
@@ -89,6 +91,12 @@ void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
 // `allowed` (GpuExpertStreams::fp8_grouped): fp8 experts with 128×128 weight tiles, or fp4 experts
 // (re-encoded to such tiles per layer).
 bool experts_grouped_fp8(const GpuLayer& L, bool allowed);
+
+// Whether layer L's shared expert runs as expert E of the routed fp8 experts (docs/fp8.md, "The
+// shared expert as expert E"): routed experts fp8 (or fp4) and the shared expert's two matrices
+// fp8. Its rows (every token, weight 1) then follow the routed ones in the gathered, SwiGLU and
+// output rows, it shares their launches, and the combine reads its bf16 output rows.
+bool shared_expert_folded(const GpuLayer& L);
 
 // Makes the GEMM plans (ops/cuda/gemm.h) of layer L's routed-expert GEMM pair for every row class
 // (ops/gemm_plan_rows.h) up to max_rows in c.gemm's plan cache (the rank's contexts share it), by

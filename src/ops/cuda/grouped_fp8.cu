@@ -80,6 +80,7 @@ struct Args {
     int n_experts;
     const float* ws;
     int64_t ws_per_expert;
+    const float* ws_last;  // set: the last expert's scales (GroupedFp8Gemm::w_last)
     int in, out;
     __nv_bfloat16* y;
 };
@@ -179,6 +180,7 @@ template <Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_fp8_kernel(const __grid_constant__ CUtensorMap map_x,
                        const __grid_constant__ CUtensorMap map_w,
+                       const __grid_constant__ CUtensorMap map_w_last,
                        const __grid_constant__ OutMaps map_y, const Args a) {
     constexpr int kStages = kStagesOf<kEpi>;
     extern __shared__ uint8_t smem_raw[];
@@ -201,16 +203,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid != 0) return;
         tma_prefetch_map(&map_x);
         tma_prefetch_map(&map_w);
+        if (a.ws_last) tma_prefetch_map(&map_w_last);
         int it = 0;
         for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
             const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
-            const int row0 = a.pfirst[tl.e] + tl.mt * kBM, wrow0 = tl.e * a.out + tl.nt * kBN;
+            const bool last = a.ws_last && tl.e == E - 1;  // the expert held apart
+            const int row0 = a.pfirst[tl.e] + tl.mt * kBM;
+            const int wrow0 = (last ? 0 : tl.e * a.out) + tl.nt * kBN;
+            const CUtensorMap* mw = last ? &map_w_last : &map_w;
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
                 mbar_wait(&s.empty[st], ((it / kStages) & 1) ^ 1);
                 mbar_arrive_expect_tx(&s.full[st], kABytes + kBBytes);
                 tma_load_2d(s.a[st], &map_x, &s.full[st], kb * kBK, row0);
-                tma_load_2d(s.b[st], &map_w, &s.full[st], kb * kBK, wrow0);
+                tma_load_2d(s.b[st], mw, &s.full[st], kb * kBK, wrow0);
             }
         }
         return;
@@ -226,7 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int c0 = tl.nt * kBN;
         const bool second = c0 + kBN / 2 < a.out;  // the tile's second 128 outputs exist
         const float* xs = a.xs + int64_t{p0} * n_kb;
-        const float* ws = a.ws + tl.e * a.ws_per_expert + int64_t{c0 / 128} * ws_ld;
+        const float* ws = (a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert) +
+                          int64_t{c0 / 128} * ws_ld;
         float acc[2][64], d[64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
@@ -353,15 +360,15 @@ int multiprocessors() {
 }
 
 template <Epilogue kEpi>
-void launch(const CUtensorMap& mx, const CUtensorMap& mw, const OutMaps& my, const Args& a,
-            cudaStream_t stream) {
+void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_last,
+            const OutMaps& my, const Args& a, cudaStream_t stream) {
     // Per call: the attribute belongs to the current device, and ranks may be threads of one
     // process on several GPUs.
     CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(kSmemBytes<kEpi>)));
     grouped_fp8_kernel<kEpi>
-        <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, my, a);
+        <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, mw_last, my, a);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -393,9 +400,16 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
     CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
                  "grouped fp8 GEMM: the TmaStore epilogue needs y 16-byte aligned (y = {})",
                  static_cast<const void*>(g.y));
+    const bool apart = g.w_last != nullptr;
+    CPFILL_CHECK(apart == (g.ws_last != nullptr),
+                 "grouped fp8 GEMM: the last expert's weights and scales are given together");
     if (g.n_pad == 0) return;
     const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, kBM);
-    const CUtensorMap mw = tile_map(g.w, g.n_experts * g.out, g.in, kBN);
+    // The routed experts' map (the last expert's when it is the only one: never read then).
+    const int routed = apart ? g.n_experts - 1 : g.n_experts;
+    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, kBN)
+                                      : tile_map(g.w_last, g.out, g.in, kBN);
+    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, kBN) : mw;
     OutMaps my{};
     if (tma_store) {
         my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
@@ -407,13 +421,14 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  g.n_experts,
                  g.ws,
                  g.ws_per_expert,
+                 g.ws_last,
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
                  g.y};
     if (tma_store)
-        launch<Epilogue::TmaStore>(mx, mw, my, a, stream);
+        launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
     else
-        launch<Epilogue::Registers>(mx, mw, my, a, stream);
+        launch<Epilogue::Registers>(mx, mw, mw_last, my, a, stream);
 }
 
 }  // namespace cpfill::ops::cuda

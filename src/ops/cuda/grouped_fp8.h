@@ -36,6 +36,11 @@ struct GroupedFp8Gemm {
     const void* w = nullptr;
     const float* ws = nullptr;
     int64_t ws_per_expert = 0;
+    // Set: the last expert (n_experts − 1: the shared expert, whose weights are held apart from
+    // the routed ones) takes its e4m3 [out][in] and Tile128 scales from here, and w / ws hold the
+    // other n_experts − 1.
+    const void* w_last = nullptr;
+    const float* ws_last = nullptr;
     int64_t in = 0, out = 0;     // multiples of 128
     __nv_bfloat16* y = nullptr;  // [n_pad, out]: every padded row of every expert is written
     // TmaStore, the faster on the H200 (docs/fp8.md: 1,269 / 1,225 TFLOP/s against 1,142 / 957 at

@@ -48,24 +48,50 @@ __global__ void gather_kernel(const __nv_bfloat16* y, int64_t d, const int32_t* 
     }
 }
 
-__global__ void combine_kernel(const float* acc, const __nv_bfloat16* op, const int32_t* inv,
+// The shared expert's value of element i: fp32 (its own GEMM's output) or bf16 (its rows of the
+// expert outputs).
+__device__ __forceinline__ float shared_at(const float* acc, int64_t i) { return acc[i]; }
+__device__ __forceinline__ float shared_at(const __nv_bfloat16* acc, int64_t i) {
+    return __bfloat162float(acc[i]);
+}
+
+template <class Acc>
+__global__ void combine_kernel(const Acc* acc, const __nv_bfloat16* op, const int32_t* inv,
                                int top_k, int64_t d, __nv_bfloat16* out) {
     const int64_t t = blockIdx.x;
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        float s = acc[t * d + c];
+        float s = shared_at(acc, t * d + c);
         for (int k = 0; k < top_k; ++k)
             s += __bfloat162float(op[int64_t{inv[t * top_k + k]} * d + c]);
         out[t * d + c] = __float2bfloat16_rn(s);
     }
 }
 
-// Channels c … c + 7 of row t (16-byte bf16 loads, two float4 of acc).
-__device__ __forceinline__ void combine8(const float* acc, const __nv_bfloat16* op,
+// Eight values of the shared expert's output from 16-byte loads.
+__device__ __forceinline__ void shared8(const float* acc, float (&s)[8]) {
+    const float4 a0 = *reinterpret_cast<const float4*>(acc);
+    const float4 a1 = *reinterpret_cast<const float4*>(acc + 4);
+    s[0] = a0.x, s[1] = a0.y, s[2] = a0.z, s[3] = a0.w;
+    s[4] = a1.x, s[5] = a1.y, s[6] = a1.z, s[7] = a1.w;
+}
+__device__ __forceinline__ void shared8(const __nv_bfloat16* acc, float (&s)[8]) {
+    const uint4 v = *reinterpret_cast<const uint4*>(acc);
+    const auto* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(v2[j]);
+        s[2 * j] = f.x;
+        s[2 * j + 1] = f.y;
+    }
+}
+
+// Channels c … c + 7 of row t (16-byte loads).
+template <class Acc>
+__device__ __forceinline__ void combine8(const Acc* acc, const __nv_bfloat16* op,
                                          const int32_t* inv, int top_k, int64_t d, int64_t t,
                                          int64_t c, __nv_bfloat16* out) {
-    const float4 a0 = *reinterpret_cast<const float4*>(acc + t * d + c);
-    const float4 a1 = *reinterpret_cast<const float4*>(acc + t * d + c + 4);
-    float s[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    float s[8];
+    shared8(acc + t * d + c, s);
     for (int k = 0; k < top_k; ++k) {
         const uint4 v = *reinterpret_cast<const uint4*>(op + int64_t{inv[t * top_k + k]} * d + c);
         const auto* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -84,7 +110,8 @@ __device__ __forceinline__ void combine8(const float* acc, const __nv_bfloat16* 
 }
 
 // A thread per 8 channels of a row, grid-stride: d a multiple of 8.
-__global__ void combine8_kernel(const float* acc, const __nv_bfloat16* op, const int32_t* inv,
+template <class Acc>
+__global__ void combine8_kernel(const Acc* acc, const __nv_bfloat16* op, const int32_t* inv,
                                 int top_k, int64_t d, int64_t n, __nv_bfloat16* out) {
     const int64_t groups = d / 8;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * groups;
@@ -128,8 +155,11 @@ void gather_by_expert(const __nv_bfloat16* y, int64_t d_model, const int32_t* pe
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
-void combine_experts(const float* acc, const __nv_bfloat16* op, const int32_t* inv, int64_t n,
-                     int top_k, int64_t d_model, __nv_bfloat16* out, cudaStream_t stream) {
+namespace {
+
+template <class Acc>
+void combine_any(const Acc* acc, const __nv_bfloat16* op, const int32_t* inv, int64_t n, int top_k,
+                 int64_t d_model, __nv_bfloat16* out, cudaStream_t stream) {
     if (n == 0) return;
     if (d_model % 8 == 0 && aligned16(acc) && aligned16(op) && aligned16(out)) {
         combine8_kernel<<<blocks_for(n * (d_model / 8)), kThreads, 0, stream>>>(acc, op, inv, top_k,
@@ -139,6 +169,19 @@ void combine_experts(const float* acc, const __nv_bfloat16* op, const int32_t* i
                                                                      out);
     }
     CPFILL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void combine_experts(const float* acc, const __nv_bfloat16* op, const int32_t* inv, int64_t n,
+                     int top_k, int64_t d_model, __nv_bfloat16* out, cudaStream_t stream) {
+    combine_any(acc, op, inv, n, top_k, d_model, out, stream);
+}
+
+void combine_experts(const __nv_bfloat16* shared, const __nv_bfloat16* op, const int32_t* inv,
+                     int64_t n, int top_k, int64_t d_model, __nv_bfloat16* out,
+                     cudaStream_t stream) {
+    combine_any(shared, op, inv, n, top_k, d_model, out, stream);
 }
 
 }  // namespace cpfill::ops::cuda

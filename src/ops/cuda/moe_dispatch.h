@@ -32,5 +32,10 @@ void gather_by_expert(const __nv_bfloat16* y, int64_t d_model, const int32_t* pe
 // shared expert's output; op bf16 [n · top_k, d_model]: the expert outputs, already weighted).
 void combine_experts(const float* acc, const __nv_bfloat16* op, const int32_t* inv, int64_t n,
                      int top_k, int64_t d_model, __nv_bfloat16* out, cudaStream_t stream);
+// The same with the shared expert's output in bf16 [n, d_model] (its rows of op when it runs as
+// expert E of the fp8 experts): the same fp32 sum, shared[t] first.
+void combine_experts(const __nv_bfloat16* shared, const __nv_bfloat16* op, const int32_t* inv,
+                     int64_t n, int top_k, int64_t d_model, __nv_bfloat16* out,
+                     cudaStream_t stream);
 
 }  // namespace cpfill::ops::cuda

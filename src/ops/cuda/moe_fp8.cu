@@ -15,7 +15,8 @@ unsigned warp_blocks(int64_t warps) {  // 8 warps per block of 256
     return static_cast<unsigned>((warps + 7) / 8);
 }
 
-__global__ void offsets_kernel(const int32_t* counts, int E, int32_t* first, int32_t* pfirst) {
+__global__ void offsets_kernel(const int32_t* counts, int E, int32_t* first, int32_t* pfirst,
+                               int32_t shared_rows) {
     if (threadIdx.x != 0) return;
     int32_t f = 0, pf = 0;
     for (int e = 0; e < E; ++e) {
@@ -27,6 +28,9 @@ __global__ void offsets_kernel(const int32_t* counts, int E, int32_t* first, int
     }
     first[E] = f;
     pfirst[E] = pf;
+    if (shared_rows == 0) return;
+    first[E + 1] = f + shared_rows;
+    pfirst[E + 1] = pf + (shared_rows + kExpertRowAlign - 1) / kExpertRowAlign * kExpertRowAlign;
 }
 
 // The expert whose padded block holds row p: the largest e with pfirst[e] ≤ p (empty experts
@@ -44,23 +48,26 @@ __device__ int expert_of(const int32_t* pfirst, int E, int64_t p) {
 }
 
 // One warp per padded row p: its expert and assignment looked up once, then the row quantised.
+// Rows of expert E (shared_rows > 0) are the shared expert's: y's rows in order, weight 1.
 template <bool kVec>
 __global__ void gather_quant_kernel(const bf16* y, int64_t D, const int32_t* perm, int top_k,
                                     const float* weight, const int32_t* counts,
                                     const int32_t* first, const int32_t* pfirst, int E,
-                                    int64_t n_pad, uint8_t* xq, float* xs, float* sp,
-                                    int32_t* inv) {
+                                    int64_t n_pad, uint8_t* xq, float* xs, float* sp, int32_t* inv,
+                                    int32_t shared_rows) {
     const int64_t p = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
     if (p >= n_pad) return;
-    const int e = expert_of(pfirst, E, p);
+    const int e = expert_of(pfirst, shared_rows > 0 ? E + 1 : E, p);
+    const bool shared = e == E;
     const int64_t i = p - pfirst[e], m4 = pfirst[e + 1] - pfirst[e], kb_n = D / 128;
-    const bool valid = i < counts[e];
-    const int32_t a = valid ? perm[first[e] + i] : 0;
-    fp8_device::quantize_row128<kVec>(valid ? y + int64_t{a / top_k} * D : nullptr, kb_n,
-                                      xq + p * D, xs + int64_t{pfirst[e]} * kb_n + i, m4);
+    const bool valid = i < (shared ? shared_rows : counts[e]);
+    const int32_t a = valid && !shared ? perm[first[e] + i] : 0;
+    const int64_t row = shared ? i : int64_t{a / top_k};
+    fp8_device::quantize_row128<kVec>(valid ? y + row * D : nullptr, kb_n, xq + p * D,
+                                      xs + int64_t{pfirst[e]} * kb_n + i, m4);
     if (threadIdx.x % 32 != 0) return;
-    sp[p] = valid ? weight[a] : 0.0f;
-    if (valid) inv[a] = static_cast<int32_t>(p);
+    sp[p] = !valid ? 0.0f : shared ? 1.0f : weight[a];
+    if (valid && !shared) inv[a] = static_cast<int32_t>(p);
 }
 
 __device__ float swiglu_one(float g, float u, float limit, float rs) {
@@ -134,25 +141,30 @@ __global__ void swiglu_quant_experts_kernel(const bf16* gu, int64_t n_pad, int64
 }  // namespace
 
 void expert_offsets(const int32_t* counts, int n_experts, int32_t* first, int32_t* pfirst,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, int64_t shared_rows) {
     CPFILL_CHECK(n_experts >= 1 && n_experts <= 1024, "expert_offsets: {} experts (1 to 1024)",
                  n_experts);
-    offsets_kernel<<<1, 32, 0, stream>>>(counts, n_experts, first, pfirst);
+    CPFILL_CHECK(shared_rows >= 0 && shared_rows < (int64_t{1} << 30),
+                 "expert_offsets: {} shared rows (0 to 2^30)", shared_rows);
+    offsets_kernel<<<1, 32, 0, stream>>>(counts, n_experts, first, pfirst,
+                                         static_cast<int32_t>(shared_rows));
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_quant_fp8(const bf16* y, int64_t d_model, const int32_t* perm, int top_k,
                       const float* weight, const int32_t* counts, const int32_t* first,
                       const int32_t* pfirst, int n_experts, int64_t n_pad, void* xq, float* xs,
-                      float* sp, int32_t* inv, cudaStream_t stream) {
+                      float* sp, int32_t* inv, cudaStream_t stream, int64_t shared_rows) {
     CPFILL_CHECK(d_model % 128 == 0, "gather_quant_fp8: d_model {} is not a multiple of 128",
                  d_model);
+    CPFILL_CHECK(shared_rows >= 0 && shared_rows < (int64_t{1} << 30),
+                 "gather_quant_fp8: {} shared rows (0 to 2^30)", shared_rows);
     if (n_pad == 0) return;
     auto* kernel = fp8_device::rows_vectorisable(y, d_model, xq) ? gather_quant_kernel<true>
                                                                  : gather_quant_kernel<false>;
-    kernel<<<warp_blocks(n_pad), 256, 0, stream>>>(y, d_model, perm, top_k, weight, counts, first,
-                                                   pfirst, n_experts, n_pad,
-                                                   static_cast<uint8_t*>(xq), xs, sp, inv);
+    kernel<<<warp_blocks(n_pad), 256, 0, stream>>>(
+        y, d_model, perm, top_k, weight, counts, first, pfirst, n_experts, n_pad,
+        static_cast<uint8_t*>(xq), xs, sp, inv, static_cast<int32_t>(shared_rows));
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

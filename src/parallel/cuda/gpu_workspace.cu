@@ -47,17 +47,35 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 
 // The workspace of one run, carved in one fixed order from an arena (or counted).
 WeightNeeds needs_of(const GpuWeights& w) {
-    return {w.dense_fp8(), w.experts_fp8(), w.experts_fp4()};
+    WeightNeeds n{w.dense_fp8(), w.experts_fp8(), w.experts_fp4()};
+    n.shared_apart = false;
+    for (const GpuLayer& L : w.layers) {
+        const bool folded = shared_expert_folded(L);
+        n.shared_folded |= folded;
+        n.shared_apart |= !folded;
+    }
+    return n;
 }
 
 WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format) {
     WeightNeeds n;
     if (format == GpuWeightFormat::Bf16) return n;
+    // Per layer: its routed experts fp8 or fp4, its shared expert's matrices all fp8.
+    std::vector<char> routed(cfg.n_layers, 0), shared(cfg.n_layers, 1);
     for (const WeightSpec& spec : weight_specs(cfg)) {
         const GpuStorage st = gpu_storage(spec, cfg, slice, format);
         if (st == GpuStorage::Fp4) n.experts_fp4 = n.experts_fp8 = true;
+        const bool fp8 = is_fp8(st) || st == GpuStorage::Fp4;
+        if (spec.expert >= 0 && fp8) routed[spec.layer] = 1;
+        if (spec.expert < 0 && is_expert_weight(spec) && !is_fp8(st)) shared[spec.layer] = 0;
         if (!is_fp8(st)) continue;
         (spec.expert >= 0 ? n.experts_fp8 : n.dense_fp8) = true;
+    }
+    n.shared_apart = false;
+    for (int li = 0; li < cfg.n_layers; ++li) {
+        const bool folded = routed[li] && shared[li];
+        n.shared_folded |= folded;
+        n.shared_apart |= !folded;
     }
     return n;
 }
@@ -124,7 +142,9 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     s.win_pos_csa = a.template take<int64_t>(d.max_len / cfg.csa_ratio + 1);
     s.win_pos_hca = a.template take<int64_t>(d.max_len / cfg.hca_ratio + 1);
     GpuMoeScratch& m = w.moe;
-    const int64_t R = needs.experts_fp8 ? oc::max_padded_rows(P * K, static_cast<int>(E)) : P * K;
+    const int64_t R = needs.experts_fp8 ? oc::max_padded_rows(P * K, static_cast<int>(E)) +
+                                              (needs.shared_folded ? oc::padded_rows(P) : 0)
+                                        : P * K;
     m.inv = a.template take<int32_t>(P * K);
     m.sp = a.template take<float>(R);
     m.gu = a.template take<bf16>(R * 2 * width);
@@ -134,8 +154,8 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         m.xs = a.template take<float>(R * D / 128);
         m.aq = a.template take<uint8_t>(R * width);
         m.as = a.template take<float>(R * width / 128);
-        m.first = a.template take<int32_t>(E + 1);
-        m.pfirst = a.template take<int32_t>(E + 1);
+        m.first = a.template take<int32_t>(E + 2);
+        m.pfirst = a.template take<int32_t>(E + 2);
         if (needs.experts_fp4) {
             const auto t = ops::Fp8Blocks::Tile128;
             m.w13_q = a.template take<uint8_t>(E * 2 * width * D);
@@ -151,11 +171,11 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     }
     if (needs.dense_fp8) {
         // The largest activation an fp8 linear quantises: local rows into the attention
-        // projections, or all rows into the shared expert.
+        // projections, or all rows into a shared expert that is not folded in.
         const int64_t g = cfg.o_groups,
                       in_local = std::max({D, int64_t{cfg.q_rank}, Hd / g, g * cfg.o_rank});
         oc::Fp8LinearScratch& f = w.fp8;
-        f.capacity = std::max(n * in_local, P * std::max(D, width));
+        f.capacity = std::max(n * in_local, needs.shared_apart ? P * std::max(D, width) : 0);
         f.cols = std::max(in_local, width);
         f.out = std::max({int64_t{cfg.q_rank}, Hd, int64_t{cfg.head_dim}, int64_t{cfg.o_rank}, D,
                           int64_t{cfg.index_n_heads} * cfg.index_head_dim, 2 * width});
@@ -165,9 +185,11 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         f.tail_scale = a.template take<float>(4 * f.cols / 128 + 1);
         f.tail_y = a.template take<float>(4 * f.out);
     }
-    m.gu_shared = a.template take<bf16>(P * 2 * width);
-    m.act_shared = a.template take<bf16>(P * width);
-    m.acc = a.template take<float>(P * D);
+    if (needs.shared_apart) {
+        m.gu_shared = a.template take<bf16>(P * 2 * width);
+        m.act_shared = a.template take<bf16>(P * width);
+        m.acc = a.template take<float>(P * D);
+    }
     w.kv.assign(plan.requests->size(), std::vector<GpuLayerKv>(cfg.n_layers));
     for (size_t r = 0; r < plan.requests->size(); ++r) {
         const int64_t len = static_cast<int64_t>((*plan.requests)[r].size());

@@ -68,6 +68,9 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 struct WeightNeeds {
     bool dense_fp8 = false, experts_fp8 = false;
     bool experts_fp4 = false;  // a layer's experts re-encoded to fp8 (implies experts_fp8)
+    // Some layer's shared expert runs as expert E of the fp8 experts (shared_expert_folded), or
+    // on its own (the *_shared buffers and acc of GpuMoeScratch).
+    bool shared_folded = false, shared_apart = true;
 };
 WeightNeeds needs_of(const GpuWeights& w);
 // The same before the weights exist (the memory plan), from the weight table.
