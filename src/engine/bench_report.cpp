@@ -75,6 +75,28 @@ double prefill_flops(const ModelConfig& c, int64_t length) {
     return sum;
 }
 
+std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, int cp, bool fp8,
+                                      const std::optional<BenchCeilings>& c) {
+    if (!c || c->gemm_tflops <= 0 || c->hbm_gbps <= 0 || (fp8 && c->fp8_gemm_tflops <= 0) || cp < 1)
+        return std::nullopt;
+    const double bf16 = c->gemm_tflops * 1e12, lin = fp8 ? c->fp8_gemm_tflops * 1e12 : bf16;
+    const double n = static_cast<double>(length);
+    GpuPhases f;
+    for (AttnType t : cfg.layer_types) {
+        const LayerFlops l = layer_flops(cfg, t, MlpType::Learned, length);
+        // The indexer's compressor runs in the compressor phase (bf16 weights).
+        const double idx_comp =
+            t == AttnType::CSA ? n * 2 * 2 * cfg.d_model * (2.0 * cfg.index_head_dim) : 0.0;
+        f.attention += l.attn_proj / lin + l.core_attention / bf16;
+        f.compressor += (l.compressor + idx_comp) / bf16;
+        f.indexer += (l.indexer_fixed - idx_comp) / lin + l.indexer_scoring / bf16;
+        f.moe += l.moe / lin;
+        f.other += n * 2 * 2 * cfg.hc * cfg.d_model * 4.0 / (c->hbm_gbps * 1e9);
+    }
+    for (double* v : {&f.attention, &f.indexer, &f.compressor, &f.moe, &f.other}) *v /= cp;
+    return f;
+}
+
 ModelConfig with_layer_count(const ModelConfig& cfg, int n_layers) {
     CPFILL_CHECK(n_layers >= 1, "--layers {}: expected at least 1", n_layers);
     CPFILL_CHECK(!cfg.layer_types.empty() && cfg.mlp_types.size() == cfg.layer_types.size(),
@@ -181,6 +203,7 @@ void finalize_report(BenchReport& r) {
             row.exposed = row.ttft / *row.ttft_no_comm - 1;
         }
         row.layer_types = layer_type_times(r.config, row);
+        row.floors = phase_floors(r.config, row.length, row.cp, row.weights == "fp8", r.ceilings);
         project(r, row);
     }
     for (BenchRow& row : r.rows) {
@@ -298,6 +321,33 @@ std::string phase_table(const BenchReport& r) {
     return s;
 }
 
+// measured / floor (ratio×) of one phase.
+std::string floor_cell(double measured, double floor) {
+    if (floor <= 0) return fmt::format("{:.1f} / –", measured * 1e3);
+    return fmt::format("{:.1f} / {:.1f} ({:.2f}×)", measured * 1e3, floor * 1e3, measured / floor);
+}
+
+std::string floor_table(const BenchReport& r) {
+    std::string s =
+        "\n### Phases against their floors (ms: measured / floor)\n\n"
+        "Floor: the phase's FLOPs at this run's GEMM ceiling (fp8 rows: the fp8 one for the "
+        "linears) and, for other (mHC, norms), one read and one write of the residual streams per "
+        "mHC site at the HBM rate (docs/bench.md).\n\n"
+        "| cp | TBO | weights | length | attention | indexer | compressor | MoE | other |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
+    bool any = false;
+    for (const BenchRow& row : r.rows) {
+        if (!row.measured() || !row.floors) continue;
+        any = true;
+        const BenchPhases &p = row.phases, &f = *row.floors;
+        s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", row.cp, tbo_label(row),
+                         row.weights, length_label(row), floor_cell(p.attention, f.attention),
+                         floor_cell(p.indexer, f.indexer), floor_cell(p.compressor, f.compressor),
+                         floor_cell(p.moe, f.moe), floor_cell(p.other, f.other));
+    }
+    return any ? s : std::string();
+}
+
 std::string projection_table(const BenchReport& r) {
     std::string s =
         "\n### Full-model projection — a projection, not a measurement\n\n"
@@ -328,7 +378,7 @@ std::string report_markdown(const BenchReport& r) {
     std::string s = header(r) + main_table(r);
     const bool any = std::any_of(r.rows.begin(), r.rows.end(),
                                  [](const BenchRow& row) { return row.measured(); });
-    if (any) s += phase_table(r) + projection_table(r);
+    if (any) s += phase_table(r) + floor_table(r) + projection_table(r);
     return s;
 }
 
@@ -361,6 +411,12 @@ AttnType attn_from_name(const std::string& s) {
     CPFILL_FAIL("bench report: layer type \"{}\": expected sliding, csa or hca", s);
 }
 
+GpuPhases phases_from_json(const json& p) {
+    return {field<double>(p, "attention"),   field<double>(p, "indexer"),
+            field<double>(p, "compressor"),  field<double>(p, "moe"),
+            field<double>(p, "collectives"), field<double>(p, "other")};
+}
+
 json row_json(const BenchRow& row) {
     json j = {{"cp", row.cp},
               {"tbo", row.tbo},
@@ -384,6 +440,7 @@ json row_json(const BenchRow& row) {
               {"ttft_no_comm_s", opt_json(row.ttft_no_comm)},
               {"exposed_comm", opt_json(row.exposed)},
               {"layer_types", json::array()},
+              {"phase_floors_s", row.floors ? phases_to_json(*row.floors) : json(nullptr)},
               {"projection", nullptr},
               {"projection_note", row.projection_note}};
     for (const LayerTypeTime& lt : row.layer_types)
@@ -413,10 +470,7 @@ BenchRow row_from_json(const json& j) {
     row.ttft_runs = field<std::vector<double>>(j, "ttft_runs_s");
     row.no_comm_runs = field<std::vector<double>>(j, "no_comm_runs_s");
     row.phase_run_seconds = field<double>(j, "phase_run_s");
-    const json& p = j.at("phases_s");
-    row.phases = {field<double>(p, "attention"),   field<double>(p, "indexer"),
-                  field<double>(p, "compressor"),  field<double>(p, "moe"),
-                  field<double>(p, "collectives"), field<double>(p, "other")};
+    row.phases = phases_from_json(j.at("phases_s"));
     row.layer_seconds = field<std::vector<double>>(j, "layer_seconds");
     row.peak_bytes = field<uint64_t>(j, "peak_bytes");
     row.tbo_used = field<bool>(j, "tbo_used");
@@ -432,6 +486,8 @@ BenchRow row_from_json(const json& j) {
     for (const json& lt : field<json>(j, "layer_types"))
         row.layer_types.push_back({attn_from_name(field<std::string>(lt, "type")),
                                    field<int>(lt, "layers"), field<double>(lt, "mean_s")});
+    if (j.contains("phase_floors_s") && !j.at("phase_floors_s").is_null())
+        row.floors = phases_from_json(j.at("phase_floors_s"));  // reports before: none
     if (j.contains("projection") && !j.at("projection").is_null()) {
         const json& q = j.at("projection");
         row.projection = Projection{{field<std::string>(q, "model"), field<int>(q, "sliding"),

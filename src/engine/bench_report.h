@@ -60,6 +60,17 @@ struct BenchCeilings {
     bool operator==(const BenchCeilings&) const = default;
 };
 
+// Lower bounds of each phase of one prefill on one GPU (docs/bench.md, "Phases against their
+// floors"): the phase's FLOPs (layer_flops) at the same run's GEMM ceiling — the block-scaled fp8
+// one for the linears an fp8 row may run in fp8 (attention and indexer projections, experts,
+// router), bf16 for the rest (compressor, attention core, indexer scores) —, and for `other` (mHC
+// and norms: CUDA-core work over the fp32 residual streams) its bytes at the HBM copy rate: each of
+// a layer's two mHC sites reads and writes the hc streams once (2 · hc · d_model · 4 bytes per
+// token). Work divides over the cp ranks; collectives are not modelled (0). nullopt when a
+// ceiling it needs was not measured.
+std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, int cp, bool fp8,
+                                      const std::optional<BenchCeilings>& c);
+
 struct LayerTypeTime {
     AttnType type = AttnType::Sliding;
     int layers = 0;           // layers of this type in the benchmarked model
@@ -115,6 +126,7 @@ struct BenchRow {
     std::optional<double> ttft_no_comm;  // median of no_comm_runs
     std::optional<double> exposed;       // ttft / ttft_no_comm − 1
     std::vector<LayerTypeTime> layer_types;
+    std::optional<BenchPhases> floors;  // phase_floors of this row
     std::optional<Projection> projection;
     std::string projection_note;  // why there is no projection
 

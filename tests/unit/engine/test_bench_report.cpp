@@ -1,6 +1,7 @@
 // The bench report: the FLOP model against sums done by hand on a tiny config and against the
 // per-token figures of docs/architecture.md §5.1; the derived ratios (MFU, CP speed-up, exposed
 // communication, full-model projection); the JSON round trip; the SVG's structure and escaping.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -304,6 +305,59 @@ TEST(BenchMath, ProjectionNeedsEveryLayerTypeOfTheTarget) {
     r.rows[0].projection.reset();
     finalize_report(r);
     EXPECT_FALSE(r.rows[0].projection);
+}
+
+// The hand config at 5 tokens with ceilings of 1 FLOP/s (bf16), 2 FLOP/s (fp8) and 1 B/s, so each
+// floor is its FLOPs (or bytes) in seconds, from the sums above: attention Σ projections 3·640 +
+// cores 384 + 512 + 448; compressor HCA 320 + CSA 640 + the indexer's compressor 5·2·2·4·(2·2) =
+// 320; indexer CSA fixed 400 − 320 + scoring 24; MoE 3·640; other 3 layers · 5 tokens · 2 sites ·
+// (read + write) · hc 1 · D 4 · 4 bytes = 960.
+TEST(BenchFloors, HandConfigAtUnitCeilings) {
+    const ModelConfig c = hand_config();
+    const BenchCeilings unit{1e-12, 2e-12, 1e-9, 0, 0};
+    const std::optional<GpuPhases> b = phase_floors(c, 5, 1, false, unit);
+    ASSERT_TRUE(b);
+    EXPECT_DOUBLE_EQ(b->attention, 1920 + 1344);
+    EXPECT_DOUBLE_EQ(b->compressor, 1280);
+    EXPECT_DOUBLE_EQ(b->indexer, 104);
+    EXPECT_DOUBLE_EQ(b->moe, 1920);
+    EXPECT_DOUBLE_EQ(b->other, 960);
+    EXPECT_DOUBLE_EQ(b->collectives, 0);
+    // fp8: the linears at twice the rate; compressor, attention core, scores and bytes as bf16.
+    const std::optional<GpuPhases> f = phase_floors(c, 5, 1, true, unit);
+    ASSERT_TRUE(f);
+    EXPECT_DOUBLE_EQ(f->attention, 960 + 1344);
+    EXPECT_DOUBLE_EQ(f->compressor, 1280);
+    EXPECT_DOUBLE_EQ(f->indexer, 40 + 24);
+    EXPECT_DOUBLE_EQ(f->moe, 960);
+    EXPECT_DOUBLE_EQ(f->other, 960);
+    // Two ranks share the work.
+    const std::optional<GpuPhases> two = phase_floors(c, 5, 2, false, unit);
+    ASSERT_TRUE(two);
+    EXPECT_DOUBLE_EQ(two->attention, (1920 + 1344) / 2.0);
+    EXPECT_DOUBLE_EQ(two->other, 480);
+}
+
+TEST(BenchFloors, NeedTheCeilingsTheyUse) {
+    const ModelConfig c = hand_config();
+    EXPECT_FALSE(phase_floors(c, 5, 1, false, std::nullopt));
+    EXPECT_FALSE(phase_floors(c, 5, 1, true, BenchCeilings{800, 0, 4000, 0, 0}));  // no fp8
+    EXPECT_TRUE(phase_floors(c, 5, 1, false, BenchCeilings{800, 0, 4000, 0, 0}));
+    EXPECT_FALSE(phase_floors(c, 5, 1, false, BenchCeilings{800, 1500, 0, 0, 0}));  // no HBM
+}
+
+// The report's floor table: measured / floor and their ratio, per phase, from the same run.
+TEST(BenchReportMarkdown, PhasesAgainstTheirFloors) {
+    const BenchReport r = sample_report();
+    ASSERT_TRUE(r.rows[0].floors);
+    const GpuPhases& f = *r.rows[0].floors;
+    EXPECT_GT(f.moe, 0);
+    const std::string md = report_markdown(r);
+    ASSERT_NE(md.find("### Phases against their floors"), std::string::npos) << md;
+    // Row 0: MoE 100 ms measured.
+    const std::string cell = fmt::format("100.0 / {:.1f} ({:.2f}×)", f.moe * 1e3, 0.1 / f.moe);
+    EXPECT_NE(md.find(cell), std::string::npos) << cell << "\n" << md;
+    EXPECT_FALSE(r.rows[3].floors);  // skipped row
 }
 
 TEST(BenchReportJson, RoundTrip) {
