@@ -69,10 +69,12 @@ struct GpuExpertStreams {
     int count = kMaxExpertStreams;
     ops::cuda::GroupedGemm* grouped = nullptr;  // set: the grouped path of bf16 experts (stream 0)
     bool fp8_grouped = false;  // fp8 experts with Tile128 scales: ops/cuda/grouped_fp8.h
-    // With fp8_grouped: only while a layer's mean routed rows per expert is at most this (0: any).
-    // `auto` sets kGroupedFp8MaxMeanRows: measured on the H200 (flash slice, docs/fp8.md) the
-    // grouped kernel wins at 8k tokens (192 rows per expert: 50.3 against 58.2 ms), ties at 16k
-    // and 32k, and loses 1% at 64k (1,536 rows) to the GEMM pairs on 4 streams.
+    // With fp8_grouped and a shared expert that runs apart (not shared_expert_folded): only while
+    // a layer's mean routed rows per expert is at most this (0: any). `auto` sets
+    // kGroupedFp8MaxMeanRows: measured on the H200 (flash slice, docs/fp8.md) the grouped kernel
+    // won at 8k tokens, tied at 16k and 32k and lost 1% at 64k to the GEMM pairs on 4 streams, with
+    // the shared expert beside them. Folded in, the grouped kernel runs at every length (session
+    // 23: equal to the pairs from 32k, 12 ms faster at 8k).
     int64_t fp8_grouped_max_mean_rows = 0;
     cudaStream_t stream[kMaxExpertStreams] = {};
     ops::cuda::GemmContext* gemm[kMaxExpertStreams] = {};
