@@ -143,49 +143,37 @@ __device__ void norm_rope_q(TcSmem<kM>& s, int n_rows, bool norm, float eps, int
 }
 
 // Where the fp8 output goes (AttnArgs out_q … out_row0): group_in columns per wo_a group, each
-// group an Fp8RowsLayout {n, group_in} block (q_group bytes, s_group scales); row0: this call's
-// first row. Sizes are worked out on the host: the epilogue does no 64-bit division.
+// group an Fp8RowsLayout {n, group_in} block; row0: this call's first row.
 struct Fp8Out {
     uint8_t* q;
     float* scale;
-    int kb_group;  // 128-blocks per group (group_in / 128)
-    int64_t group_in, q_group, s_group;
-    int64_t body;  // Fp8RowsLayout::body(): rows before it have scale stride body, after it 4
+    int64_t group_in;
+    Fp8RowsLayout lay;
     int64_t row0;
 };
 
 // Quantises the kM bf16 staging rows of query t (head h0 + r in row r; real heads only) into the
 // fp8 output. Half-warp h of warp w takes (row, 128-block) b = 2w + h, 2w + h + 16, …: one 16-byte
 // shared-memory load per lane and block, then quantize_block (both halves of a warp step together,
-// its shuffles need every lane; a padded head's half-warp only joins them). Unrolled: the kM / 4
-// steps are independent, so their loads and shuffles interleave (the block's last work, on the
-// critical path of a one-block-per-SM kernel).
+// its shuffles need every lane; a padded head's half-warp only joins them).
 template <int kM>
 __device__ __forceinline__ void quantise_out(const TcSmem<kM>& s, const Fp8Out& f, int64_t t,
                                              int h0, int n_heads) {
-    constexpr int kPerHead = kHeadDim / 128, kBlocks = kM * kPerHead;
-    constexpr int kSteps = kBlocks / (2 * kWarps);
-    static_assert(kBlocks % (2 * kWarps) == 0, "whole steps of the 16 half-warps");
+    constexpr int kBlocks = kM * (kHeadDim / 128);
     const int lane = threadIdx.x & 31;
     const int64_t row = f.row0 + t;
-    // The row's scale of 128-block kb of a group: kb · stride + base (Fp8RowsLayout::scale_at).
-    const bool in_body = row < f.body;
-    const int64_t s_base = in_body ? row : int64_t{f.kb_group} * f.body + (row - f.body);
-    const int64_t s_stride = in_body ? f.body : 4;
-    uint8_t* const q_row = f.q + row * f.group_in;
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-        const int b = (threadIdx.x >> 5) * 2 + (lane >> 4) + step * 2 * kWarps;
-        const int r = b / kPerHead, cb = b % kPerHead;
+    for (int b0 = (threadIdx.x >> 5) * 2; b0 < kBlocks; b0 += 2 * kWarps) {
+        const int b = b0 + (lane >> 4), r = b / (kHeadDim / 128), cb = b % (kHeadDim / 128);
         const bool real = h0 + r < n_heads;
         const uint4 raw =
             real ? *reinterpret_cast<const uint4*>(&s.q[r][cb * 128 + (lane & 15) * 8]) : uint4{};
         float v[8];
         fp8_device::bf16x8_to_float(raw, v);
-        // The block's index among the row's 128-blocks, its group and its block in the group.
-        const int bg = (h0 + r) * kPerHead + cb, gi = bg / f.kb_group, kb = bg - gi * f.kb_group;
-        uint8_t* q = q_row + gi * f.q_group + kb * 128;
-        float* scale = f.scale + gi * f.s_group + s_base + kb * s_stride;
+        // Column of the block in o, its group and its 128-block inside the group's row.
+        const int64_t col = int64_t{h0 + r} * kHeadDim + cb * 128;
+        const int64_t gi = col / f.group_in, kb = col % f.group_in / 128;
+        uint8_t* q = f.q + gi * f.lay.q_bytes() + row * f.group_in + kb * 128;
+        float* scale = f.scale + gi * f.lay.scale_count() + f.lay.scale_at(row, kb);
         fp8_device::quantize_block<true>(v, 0, real ? 1 : 0, q, scale, 0);
     }
 }
@@ -512,14 +500,10 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
     CPFILL_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<kM>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int64_t blocks = a.n_q * ((a.n_heads + kM - 1) / kM);
-    Fp8Out fp8{static_cast<uint8_t*>(a.out_q), a.out_scale, 0, 0, 0, 0, 0, a.out_row0};
+    Fp8Out fp8{static_cast<uint8_t*>(a.out_q), a.out_scale, 0, {}, a.out_row0};
     if (a.out_q) {
         fp8.group_in = int64_t{a.n_heads} * kHeadDim / a.out_groups;
-        const Fp8RowsLayout lay{a.out_rows, fp8.group_in};
-        fp8.kb_group = static_cast<int>(fp8.group_in / 128);
-        fp8.q_group = lay.q_bytes();
-        fp8.s_group = lay.scale_count();
-        fp8.body = lay.body();
+        fp8.lay = Fp8RowsLayout{a.out_rows, fp8.group_in};
     }
     CPFILL_CHECK(blocks <= 0x7fffffff, "attention_tc: {} queries × head groups in one call",
                  blocks);
