@@ -168,34 +168,13 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
     const bool csa = L.type == AttnType::CSA;
     const int ratio = cfg.ratio(layer);
     const int K = cfg.index_topk;
-    const int g = cfg.o_groups;
-    const int64_t group_in = Hd / g, ro = cfg.o_rank;
-    // An fp8 wo_a takes the attention's output as e4m3 written by the kernel itself, as
-    // fp8_linear would have quantised it (AttnArgs out_q), so o is never stored in bf16 nor read
-    // again to be quantised. Its g blocks (Fp8RowsLayout {n, group_in}: n rounded up to 4 rows of
-    // e4m3, then the scales, 1/32 of that) take s.o's memory, planned as n_max ≥ n bf16 rows
-    // (twice the bytes): enough from 3 rows on; 1 or 2 rows (padded to 4) quantise the bf16 rows.
-    const oc::Fp8RowsLayout lay{n, group_in};
-    const bool fp8_out = L.wo_a.fp8() && c.fp8 != nullptr && group_in % 128 == 0 &&
-                         g * (lay.q_bytes() + lay.scale_count() * int64_t{sizeof(float)}) <=
-                             n * Hd * int64_t{sizeof(bf16)};
-    auto* oq = reinterpret_cast<uint8_t*>(s.o);
-    auto* os = reinterpret_cast<float*>(oq + g * lay.q_bytes());
-    // The attention writes every row of a segment; the rows between segments (padding) are zeros
-    // (fp8: zero bytes with scale 1, what quantize_act_fp8 makes of a zero row, also on the rows
-    // that pad n to a multiple of 4).
+    // The attention writes every row of a segment; the rows between segments (padding) are zeros.
     int64_t covered = 0;
     for (const LocalSegment& seg : rows.segments) {
-        if (fp8_out)
-            oc::fp8_rows_zero(oq, os, n, group_in, g, covered, seg.begin, c.stream);
-        else
-            zero_rows(c, s.o, covered, seg.begin, Hd);
+        zero_rows(c, s.o, covered, seg.begin, Hd);
         covered = seg.end;
     }
-    if (fp8_out)
-        oc::fp8_rows_zero(oq, os, n, group_in, g, covered, lay.padded(), c.stream);
-    else
-        zero_rows(c, s.o, covered, n, Hd);
+    zero_rows(c, s.o, covered, n, Hd);
     if (csa) CPFILL_CUDA_CHECK(cudaMemsetAsync(s.topk, 0xff, n * K * sizeof(int32_t), c.stream));
     for (const LocalSegment& seg : rows.segments) {
         const GpuLayerKv& kv = store[seg.request][layer];
@@ -237,15 +216,7 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         }
         a.sinks = L.sink.as<float>();
         a.scale = 1.0f / std::sqrt(float(d));
-        if (fp8_out) {
-            a.out_q = oq;
-            a.out_scale = os;
-            a.out_groups = g;
-            a.out_rows = n;
-            a.out_row0 = b;
-        } else {
-            a.out = s.o + b * Hd;
-        }
+        a.out = s.o + b * Hd;
         // q as projected: normed and rotated as it is loaded, the output de-rotated in the kernel.
         a.q_norm = true;
         a.q_norm_eps = float(cfg.norm_eps);
@@ -254,6 +225,8 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         oc::attention_tc(a, c.stream);
     }
     c.phase(Phase::Attention);
+    const int g = cfg.o_groups;
+    const int64_t group_in = Hd / g, ro = cfg.o_rank;
     // wo_a: group gi's rows [gi · ro, (gi + 1) · ro) of the weight on columns [gi · group_in, …)
     // of o (ro a multiple of 128 when fp8: its scale tiles are whole row tiles of the group).
     for (int gi = 0; gi < g; ++gi) {
@@ -266,15 +239,10 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         }
         CPFILL_CHECK(c.fp8 != nullptr, "an fp8 weight but no fp8 scratch in the workspace");
         const int64_t tiles_per_row = oc::fp8_weight_scales(128, group_in, w.blocks());
-        const uint8_t* wq = w.data.as<uint8_t>() + gi * ro * group_in;
-        const float* ws = w.scale.as<float>() + gi * (ro / 128) * tiles_per_row;
-        if (fp8_out)
-            oc::fp8_linear_quantised(*c.gemm, *c.fp8, oq + gi * lay.q_bytes(),
-                                     os + gi * lay.scale_count(), n, group_in, wq, ws, w.blocks(),
-                                     ro, s.yo + gi * ro, nullptr, g * ro, c.stream);
-        else
-            oc::fp8_linear(*c.gemm, *c.fp8, x, Hd, n, group_in, wq, ws, w.blocks(), ro,
-                           s.yo + gi * ro, nullptr, g * ro, c.stream);
+        oc::fp8_linear(*c.gemm, *c.fp8, x, Hd, n, group_in,
+                       w.data.as<uint8_t>() + gi * ro * group_in,
+                       w.scale.as<float>() + gi * (ro / 128) * tiles_per_row, w.blocks(), ro,
+                       s.yo + gi * ro, nullptr, g * ro, c.stream);
     }
     linear(c, s.yo, n, L.wo_b, out, D);
 }

@@ -1,7 +1,7 @@
 // Shared-KV attention on the GPU (docs/architecture.md §3.4 steps 4–7, the semantics of
 // ops/attention.h): each query attends to its window keys and a list of compressed entries with
 // one fp32 softmax (docs/design.md §3) whose denominator also holds the per-head sink. K = V. bf16
-// in, bf16 out (or that output quantised to e4m3 for an fp8 output projection: AttnArgs out_q).
+// in, bf16 out.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,20 +34,7 @@ struct AttnArgs {
     int64_t idx_stride = 0;
     const float* sinks = nullptr;  // fp32 [n_heads]
     float scale = 0.0f;            // 1 / sqrt(head_dim)
-    __nv_bfloat16* out = nullptr;  // [n_q, n_heads, head_dim]; unused (may be null) with out_q
-    // Optional e4m3 output instead of `out` (out_q non-null): the bf16 output rows (the same
-    // values `out` would get) quantised as fp8_linear would quantise them for wo_a, whose
-    // out_groups groups each multiply group_in = n_heads · head_dim / out_groups consecutive
-    // columns (a multiple of 128) of o [out_rows, n_heads · head_dim], this call's query i being
-    // row out_row0 + i of o. Group gi is one Fp8RowsLayout {out_rows, group_in} block
-    // (ops/cuda/fp8_linear.h): its e4m3 at out_q + gi · q_bytes(), its scales at
-    // out_scale + gi · scale_count(), ready for fp8_linear_quantised. Only this call's rows are
-    // written (rows between calls and the padding to a multiple of 4: fp8_rows_zero).
-    void* out_q = nullptr;  // 16-byte aligned
-    float* out_scale = nullptr;
-    int out_groups = 1;
-    int64_t out_rows = 0;
-    int64_t out_row0 = 0;
+    __nv_bfloat16* out = nullptr;  // [n_q, n_heads, head_dim]
     // The caller's passes over q and out folded into the kernel (default off), fp32 with one
     // rounding: q ← q / sqrt(mean(q²) + q_norm_eps) per head (no weight), then RoPE on the last
     // rope_dim channels of each q head and the inverse RoPE on those of each out head, as

@@ -19,14 +19,9 @@
 // cp.async group, waited for while key tile 0 is still in flight), one warp per real head row
 // RMS-normalises and rotates it in fp32 and rounds it once to bf16; the output's RoPE slice is
 // de-rotated in fp32 registers, before the single rounding into the bf16 staging rows.
-// Optional fp8 output (AttnArgs out_q): the staging rows are quantised where they are, a half-warp
-// per (head row, 128 channels) with fp8_device::quantize_block, the code quantize_act_fp8 runs on
-// the same bf16 values, so bytes and scales are those it would make from the bf16 output.
 #include <cstdint>
 
 #include "ops/cuda/attention.h"
-#include "ops/cuda/fp8_device.cuh"
-#include "ops/cuda/fp8_linear.h"
 #include "ops/cuda/ptx.cuh"
 #include "ops/cuda/rope_device.cuh"
 #include "runtime/cuda/cuda_check.h"
@@ -139,42 +134,6 @@ __device__ void norm_rope_q(TcSmem<kM>& s, int n_rows, bool norm, float eps, int
             }
             *reinterpret_cast<uint4*>(&s.q[r][h * kHeadDim / 2 + lane * 8]) = v;
         }
-    }
-}
-
-// Where the fp8 output goes (AttnArgs out_q … out_row0): group_in columns per wo_a group, each
-// group an Fp8RowsLayout {n, group_in} block; row0: this call's first row.
-struct Fp8Out {
-    uint8_t* q;
-    float* scale;
-    int64_t group_in;
-    Fp8RowsLayout lay;
-    int64_t row0;
-};
-
-// Quantises the kM bf16 staging rows of query t (head h0 + r in row r; real heads only) into the
-// fp8 output. Half-warp h of warp w takes (row, 128-block) b = 2w + h, 2w + h + 16, …: one 16-byte
-// shared-memory load per lane and block, then quantize_block (both halves of a warp step together,
-// its shuffles need every lane; a padded head's half-warp only joins them).
-template <int kM>
-__device__ __forceinline__ void quantise_out(const TcSmem<kM>& s, const Fp8Out& f, int64_t t,
-                                             int h0, int n_heads) {
-    constexpr int kBlocks = kM * (kHeadDim / 128);
-    const int lane = threadIdx.x & 31;
-    const int64_t row = f.row0 + t;
-    for (int b0 = (threadIdx.x >> 5) * 2; b0 < kBlocks; b0 += 2 * kWarps) {
-        const int b = b0 + (lane >> 4), r = b / (kHeadDim / 128), cb = b % (kHeadDim / 128);
-        const bool real = h0 + r < n_heads;
-        const uint4 raw =
-            real ? *reinterpret_cast<const uint4*>(&s.q[r][cb * 128 + (lane & 15) * 8]) : uint4{};
-        float v[8];
-        fp8_device::bf16x8_to_float(raw, v);
-        // Column of the block in o, its group and its 128-block inside the group's row.
-        const int64_t col = int64_t{h0 + r} * kHeadDim + cb * 128;
-        const int64_t gi = col / f.group_in, kb = col % f.group_in / 128;
-        uint8_t* q = f.q + gi * f.lay.q_bytes() + row * f.group_in + kb * 128;
-        float* scale = f.scale + gi * f.lay.scale_count() + f.lay.scale_at(row, kb);
-        fp8_device::quantize_block<true>(v, 0, real ? 1 : 0, q, scale, 0);
     }
 }
 
@@ -377,8 +336,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_tc_kernel(const __nv_bfloat16* q, const int64_t* pos, int n_heads,
                         const __nv_bfloat16* window, int window_size, const __nv_bfloat16* entries,
                         int64_t n_entries, int ratio, const int32_t* entry_idx, int64_t idx_stride,
-                        const float* sinks, float scale, __nv_bfloat16* out, Fp8Out fp8,
-                        bool q_norm, float q_norm_eps, int rope_dim, const float* inv_freq) {
+                        const float* sinks, float scale, __nv_bfloat16* out, bool q_norm,
+                        float q_norm_eps, int rope_dim, const float* inv_freq) {
     constexpr int kMf = kM / 16;             // 16-head fragments (P·V, every warp)
     constexpr int kMfS = kM >= 32 ? 2 : 1;   // 16-head fragments of a logits warp
     constexpr int kSWarps = 2 * kMf / kMfS;  // logits warps: row blocks × 2 key halves
@@ -482,10 +441,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     }
     __syncthreads();
-    if (fp8.q) {
-        quantise_out<kM>(s, fp8, t, h0, n_heads);
-        return;
-    }
     for (int i = tid; i < kM * kChunks; i += kThreads) {
         const int r = i / kChunks, c = (i % kChunks) * 8;
         if (h0 + r < n_heads)
@@ -500,16 +455,11 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
     CPFILL_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<kM>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int64_t blocks = a.n_q * ((a.n_heads + kM - 1) / kM);
-    Fp8Out fp8{static_cast<uint8_t*>(a.out_q), a.out_scale, 0, {}, a.out_row0};
-    if (a.out_q) {
-        fp8.group_in = int64_t{a.n_heads} * kHeadDim / a.out_groups;
-        fp8.lay = Fp8RowsLayout{a.out_rows, fp8.group_in};
-    }
     CPFILL_CHECK(blocks <= 0x7fffffff, "attention_tc: {} queries × head groups in one call",
                  blocks);
     attention_tc_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
         a.q, a.pos, a.n_heads, a.window, a.window_size, a.entries, a.n_entries, a.ratio,
-        a.entry_idx, a.idx_stride, a.sinks, a.scale, a.out, fp8, a.q_norm, a.q_norm_eps, a.rope_dim,
+        a.entry_idx, a.idx_stride, a.sinks, a.scale, a.out, a.q_norm, a.q_norm_eps, a.rope_dim,
         a.inv_freq);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
@@ -526,21 +476,8 @@ void attention_tc(const AttnArgs& a, cudaStream_t stream) {
                  a.n_heads, a.window_size);
     CPFILL_CHECK(a.entry_idx == nullptr || a.idx_stride >= 0, "attention_tc: idx_stride {}",
                  a.idx_stride);
-    CPFILL_CHECK(aligned16(a.q) && aligned16(a.window) && aligned16(a.entries) &&
-                     aligned16(a.out_q ? a.out_q : a.out),
-                 "attention_tc: q, window, entries and out (out_q) must be 16-byte aligned");
-    if (a.out_q) {
-        const int64_t hd = int64_t{a.n_heads} * kHeadDim;
-        CPFILL_CHECK(a.out_groups >= 1 && hd % a.out_groups == 0 && hd / a.out_groups % 128 == 0,
-                     "attention_tc: fp8 output of {} columns in {} groups (each group needs a "
-                     "multiple of 128 columns)",
-                     hd, a.out_groups);
-        CPFILL_CHECK(a.out_scale != nullptr && a.out_row0 >= 0 && a.out_row0 + a.n_q <= a.out_rows,
-                     "attention_tc: fp8 output rows [{}, {}) of {} (scales {})", a.out_row0,
-                     a.out_row0 + a.n_q, a.out_rows, a.out_scale ? "set" : "null");
-    } else {
-        CPFILL_CHECK(a.out != nullptr, "attention_tc: no output (out or out_q)");
-    }
+    CPFILL_CHECK(aligned16(a.q) && aligned16(a.window) && aligned16(a.entries) && aligned16(a.out),
+                 "attention_tc: q, window, entries and out must be 16-byte aligned");
     CPFILL_CHECK(a.rope_dim >= 0 && a.rope_dim <= kHeadDim && a.rope_dim % 2 == 0 &&
                      (a.rope_dim == 0 || a.inv_freq != nullptr),
                  "attention_tc: rope_dim {} (even, at most {}) needs inv_freq (found {})",
