@@ -37,6 +37,12 @@ KeyCounts key_counts(const ModelConfig& c, AttnType attn, int64_t length) {
     return k;
 }
 
+// The CSA indexer's compressor projections (wkv, wgate, 2·d_I wide: overlapping windows) over
+// `n` tokens: part of LayerFlops::indexer_fixed, run in the compressor phase (phase_floors).
+double indexer_compressor_flops(const ModelConfig& c, double n) {
+    return n * 2 * 2 * c.d_model * (2.0 * c.index_head_dim);
+}
+
 }  // namespace
 
 double LayerFlops::total() const {
@@ -57,7 +63,8 @@ LayerFlops layer_flops(const ModelConfig& c, AttnType attn, MlpType /*mlp*/, int
     if (attn == AttnType::HCA) f.compressor = n * 2 * 2 * D * d;
     if (attn == AttnType::CSA) {
         f.compressor = n * 2 * 2 * D * (2 * d);
-        f.indexer_fixed = n * (2 * c.q_rank * nI * dI + 2 * D * nI + 2 * 2 * D * (2 * dI));
+        f.indexer_fixed =
+            n * (2 * c.q_rank * nI * dI + 2 * D * nI) + indexer_compressor_flops(c, n);
         f.indexer_scoring = 2 * nI * dI * static_cast<double>(k.scored);
     }
     const double experts = c.top_k + c.n_shared_experts;
@@ -85,8 +92,7 @@ std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, in
     for (AttnType t : cfg.layer_types) {
         const LayerFlops l = layer_flops(cfg, t, MlpType::Learned, length);
         // The indexer's compressor runs in the compressor phase (bf16 weights).
-        const double idx_comp =
-            t == AttnType::CSA ? n * 2 * 2 * cfg.d_model * (2.0 * cfg.index_head_dim) : 0.0;
+        const double idx_comp = t == AttnType::CSA ? indexer_compressor_flops(cfg, n) : 0.0;
         f.attention += l.attn_proj / lin + l.core_attention / bf16;
         f.compressor += (l.compressor + idx_comp) / bf16;
         f.indexer += (l.indexer_fixed - idx_comp) / lin + l.indexer_scoring / bf16;

@@ -24,13 +24,13 @@ __global__ void offsets_kernel(const int32_t* counts, int E, int32_t* first, int
         pfirst[e] = pf;
         const int32_t c = counts[e];
         f += c;
-        pf += (c + kExpertRowAlign - 1) / kExpertRowAlign * kExpertRowAlign;
+        pf += static_cast<int32_t>(padded_rows(c));
     }
     first[E] = f;
     pfirst[E] = pf;
     if (shared_rows == 0) return;
     first[E + 1] = f + shared_rows;
-    pfirst[E + 1] = pf + (shared_rows + kExpertRowAlign - 1) / kExpertRowAlign * kExpertRowAlign;
+    pfirst[E + 1] = pf + static_cast<int32_t>(padded_rows(shared_rows));
 }
 
 // The expert whose padded block holds row p: the largest e with pfirst[e] ≤ p (empty experts

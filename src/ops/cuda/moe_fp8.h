@@ -15,9 +15,9 @@ namespace cpfill::ops::cuda {
 
 constexpr int kExpertRowAlign = 4;
 
-// Rows of expert e's padded block, and the padded offsets on the host (pfirst [E + 1]) from the
-// counts, the same numbers expert_offsets makes on the device.
-inline int64_t padded_rows(int64_t count) {
+// Rows of expert e's padded block (on the host for the padded offsets, pfirst [E + 1], from the
+// counts, and in expert_offsets on the device: the same numbers).
+__host__ __device__ inline int64_t padded_rows(int64_t count) {
     return (count + kExpertRowAlign - 1) / kExpertRowAlign * kExpertRowAlign;
 }
 // Most padded rows n_assign assignments over n_experts experts can take.
