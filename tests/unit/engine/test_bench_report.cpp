@@ -405,6 +405,23 @@ TEST(BenchReportJson, RejectsWhatIsNotAReport) {
     }
 }
 
+// A row's phase floors, when present, must be whole: a missing phase or a wrong type is named.
+TEST(BenchReportJson, RejectsBrokenPhaseFloors) {
+    nlohmann::json j = report_to_json(sample_report());
+    ASSERT_TRUE(j["rows"][0]["phase_floors_s"].is_object());
+    j["rows"][0]["phase_floors_s"].erase("moe");
+    try {
+        report_from_json(j);
+        FAIL() << "phase floors without moe were accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("\"moe\""), std::string::npos) << e.what();
+    }
+    j["rows"][0]["phase_floors_s"] = "fast";
+    EXPECT_THROW(report_from_json(j), Error);
+    j["rows"][0]["phase_floors_s"] = nullptr;  // no floors: accepted
+    EXPECT_FALSE(report_from_json(j).rows[0].floors);
+}
+
 TEST(BenchReportMarkdown, RowsReasonsAndProjectionLabel) {
     const std::string md = report_markdown(sample_report());
     EXPECT_NE(md.find("skipped: needs 4 GPUs, 2 visible"), std::string::npos) << md;
