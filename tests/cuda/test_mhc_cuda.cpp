@@ -4,7 +4,7 @@
 // collapse is bf16 (1e-2 of the tensor's scale); mhc_post updates the fp32 residual (1e-5).
 // mhc_post_pre (post, next pre and RMSNorm fused) against the same three GPU ops run one after
 // the other and against the CPU ops, with and without the norm, with post / comb updated in
-// place, and on unaligned pointers (the scalar kernels).
+// place, and on unaligned pointers (the scalar kernels); shapes for each of its paths.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -328,14 +328,23 @@ TEST_P(CudaMhcPostPre, UnalignedPointersMatchCpu) {
     expect_close(gpu_fused(b, {.offset = 1}), cpu_boundary(b, true), "CPU");
 }
 
-// The shapes of CudaMhc, and two with enough rows that each tile is one block over all of d_model
-// (fewer rows split d_model over up to 8 blocks; d_model ≤ 32 is one chunk, never split).
+// The shapes of CudaMhc, and some with enough rows (≥ 4225) that each tile is one block over all of
+// d_model (fewer rows split d_model over up to 8 blocks; d_model ≤ 32 is one chunk, never split).
+// Paths (mhc_fused.cu): d_model split (3 × 33, 5 × 4096, 9 × 7168, 37 × 300, 130 × 512, 6 × 129,
+// 1001 × 256): kernel 2 sums the slices and runs the site math. One slice, d_model % 4 == 0 and
+// aligned pointers (4500 × 100, 4300 × 2072, 4250 × 520, 100 × 32): kernel 1 runs the site math,
+// kernel 2 only streams (2072: three float4 groups per thread, two batches for hc 4, the last
+// group partial; 520: 160 threads; d_model 100 and 32: one warp, partly idle). One slice otherwise
+// (1 × 1, 1 × 7, 4300 × 45, and those four in UnalignedPointersMatchCpu): kernel 2 runs the site
+// math.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPostPre,
                          ::testing::Values(MhcShape{1, 1, 4}, MhcShape{1, 7, 4}, MhcShape{3, 33, 4},
                                            MhcShape{5, 4096, 4}, MhcShape{9, 7168, 4},
                                            MhcShape{37, 300, 2}, MhcShape{130, 512, 3},
                                            MhcShape{6, 129, 1}, MhcShape{1001, 256, 4},
-                                           MhcShape{4500, 100, 4}, MhcShape{4300, 45, 3}));
+                                           MhcShape{4500, 100, 4}, MhcShape{4300, 45, 3},
+                                           MhcShape{4300, 2072, 4}, MhcShape{4250, 520, 1},
+                                           MhcShape{100, 32, 3}));
 
 TEST(CudaMhcPostPreEdge, ZeroRowsLaunchesNothing) {
     CPFILL_SKIP_WITHOUT_GPU();

@@ -85,20 +85,29 @@ __device__ void site_weights(const float* mix, int64_t width, const float* base,
     }
 }
 
+// Σ_j pre[j] · a[j], j = 0 … HC-1 in that order from 0: four channels of a collapse, from the
+// HC streams' float4 at those channels.
+template <int HC>
+__device__ __forceinline__ float4 combine4(const float4 (&a)[HC], const float* pre) {
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+        s.x += pre[j] * a[j].x;
+        s.y += pre[j] * a[j].y;
+        s.z += pre[j] * a[j].z;
+        s.w += pre[j] * a[j].w;
+    }
+    return s;
+}
+
 // Σ_j pre[j] · h[t, j, 4d … 4d+3] (float4 loads; d4 = d_model / 4): four channels of a collapse.
 template <int HC>
 __device__ __forceinline__ float4 collapse4(const float4* ht4, int64_t d4, int64_t d,
                                             const float* pre) {
-    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 a[HC];
 #pragma unroll
-    for (int j = 0; j < HC; ++j) {
-        const float4 a = ht4[j * d4 + d];
-        s.x += pre[j] * a.x;
-        s.y += pre[j] * a.y;
-        s.z += pre[j] * a.z;
-        s.w += pre[j] * a.w;
-    }
-    return s;
+    for (int j = 0; j < HC; ++j) a[j] = ht4[j * d4 + d];
+    return combine4<HC>(a, pre);
 }
 
 inline bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }

@@ -11,11 +11,18 @@
 //   for hc = 4): per 4 positions 4 + kTn float4 shared loads feed 16·kTn FMA (96 per 10 loads).
 //   Row stride hc·kChunk + 4 floats (a multiple of 4, /4 odd): the 8 (A) or 4 (B) rows a warp reads
 //   at one column fall on distinct bank quads. Per-warp partial products meet in shared memory at
-//   the end; the block writes per token the slice's mixes and sum of squares (scratch).
-// Kernel 2, mhc_pre_norm_kernel: kRows tokens per block; sums the slices, runs the site math of
-//   mhc_pre (one thread per token), the collapse (h read once more) and the RMSNorm: the bf16
-//   collapse is written to y, its squares summed, and y rewritten scaled (each thread re-reads only
-//   what it wrote itself, an L2 hit).
+//   the end. Split d_model (splits > 1): the block writes per token the slice's mixes and sum of
+//   squares (scratch [splits, rows, kVals]). One slice (splits == 1, the case at long lengths)
+//   with vector access for kernel 2: those are the token's totals, so warp 0 runs the site math of
+//   mhc_pre itself (one lane per token) → post_out, comb_out, and pre → scratch [rows, hc].
+// Kernel 2 then, by path:
+//   one slice, vector access: mhc_collapse_norm_kernel, pure streaming. One token per block; reads
+//   pre and h (16-byte loads, ≥ 8 in flight per thread, the bf16 collapse kept in registers), sums
+//   the squares (shuffle + one barrier) and writes y once, scaled. d_model ≤ kStreamMaxD.
+//   otherwise: mhc_pre_norm_kernel, kRows tokens per block; sums the slices, runs the site math
+//   (one thread per token) → post_out, comb_out, the collapse (h read once more) and the RMSNorm:
+//   the bf16 collapse is written to y, its squares summed, and y rewritten scaled (each thread
+//   re-reads only what it wrote itself, an L2 hit).
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -47,7 +54,8 @@ struct Fused {
     static constexpr int kA = kTile * kLd;      // floats of As
     static constexpr int kB = kMixPad * kLd;    // floats of one Bs buffer
     static constexpr int kRed = kWarps * kTile * kMixPad;  // the per-warp sums at the end
-    static constexpr int kSmem = kA + 2 * kB > kRed ? kA + 2 * kB : kRed;
+    static constexpr int kEnd = kRed + kTile * kVals;      // … and the tile's totals (kSite)
+    static constexpr int kSmem = kA + 2 * kB > kEnd ? kA + 2 * kB : kEnd;
     static_assert((kLd / 4) % 2 == 1 && kKc % (4 * kWarps) == 0, "bank quads, warp split");
 };
 
@@ -61,14 +69,19 @@ __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v 
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 // Kernel 1: h ← post · o + combᵀ · h for kTile tokens × one slice of d_model, and per token the
-// slice's (2 + HC)·HC products with fn and Σ h² → part fp32 [splits, rows, kVals].
+// slice's (2 + HC)·HC products with `next`'s fn and Σ h² → part fp32 [splits, rows, kVals].
+// kSite (one slice, splits == 1): the block's sums are the tokens' totals; it runs the site math of
+// `next` itself → post_out, comb_out, and pre → part fp32 [rows, HC] instead (post_out / comb_out
+// may alias post / comb: the block read its own rows of those at its start).
 // kVec: float4 h / fn, 8-byte o (d_model % 4 == 0, aligned pointers), else scalar.
-template <int HC, bool kVec>
+template <int HC, bool kVec, bool kSite>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     mhc_post_mix_kernel(const float* post, const float* comb, const __nv_bfloat16* o,
-                        const float* fn, int64_t d_model, int64_t rows, int64_t chunks_per_split,
-                        float* h, float* part) {
+                        const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split,
+                        float* h, float* part, float* post_out, float* comb_out) {
     using F = Fused<HC>;
+    const float* const fn = next.fn;
+    const int64_t d_model = next.d_model;
     __shared__ __align__(16) float smem[F::kSmem];
     __shared__ float tok_ss[kTile];
     __shared__ float coef[kTile][HC + HC * HC];  // post_k, then comb[j, k], of each token
@@ -244,7 +257,9 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     ss += __shfl_xor_sync(0xffffffffu, ss, 4);
     if (q == 0) tok_ss[t] = ss;
     __syncthreads();
-    float* const out = part + (static_cast<int64_t>(blockIdx.y) * rows + row0) * F::kVals;
+    // kSite: the totals fp32 [kTile, kVals] in shared memory past red, for the site math.
+    float* const out =
+        kSite ? smem + F::kRed : part + (static_cast<int64_t>(blockIdx.y) * rows + row0) * F::kVals;
     for (int i = tid; i < n_rows * F::kVals; i += kFusedThreads) {
         const int r = i / F::kVals, m = i % F::kVals;
         float v = 0.0f;
@@ -255,6 +270,17 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
             v = tok_ss[r];
         }
         out[i] = v;
+    }
+    if constexpr (kSite) {
+        __syncthreads();
+        if (tid < n_rows) {  // warp 0, one token per lane, as kernel 2 of the split path
+            float pre[HC];
+            site_weights<HC, false>(out + tid * F::kVals, width, next.base, next.scale,
+                                    next.sinkhorn_iters, next.hc_eps, next.norm_eps, pre, post_out,
+                                    comb_out, row0 + tid);
+#pragma unroll
+            for (int j = 0; j < HC; ++j) part[(row0 + tid) * HC + j] = pre[j];
+        }
     }
 }
 
@@ -364,6 +390,82 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// Kernel 2 of the one-slice path, pure streaming: block t is token t, pre [HC] from kernel 1 (part
+// fp32 [rows, HC]). Thread i owns the float4 groups i + g · blockDim.x (g < kStreamGroups) of
+// d_model, taken kBatch groups at a time: the batch's HC · kBatch 16-byte loads of h (≥ 8;
+// evict-first, h is not read again soon, norm_w stays cached) are issued together, then combined as
+// mhc_pre_norm_kernel does (combine4) and kept in registers as the bf16 collapse; its squares are
+// summed. A warp shuffle and one barrier give the token's Σ, and y is written once (8-byte stores):
+// bf16(w · (x · inv)) with kNorm, else x. No store before the last load, so the compiler may also
+// run batches ahead. Needs d_model % 4 == 0, d_model ≤ kStreamMaxD, 16-byte h / norm_w, 8-byte y.
+constexpr int kStreamThreads = 256;  // most threads per block (fewer when d_model < 1024)
+constexpr int kStreamGroups = 8;     // most float4 groups of each stream per thread
+constexpr int64_t kStreamMaxD = 4 * kStreamGroups * kStreamThreads;
+
+template <int HC, bool kNorm>
+__global__ void __launch_bounds__(kStreamThreads, 4)
+    mhc_collapse_norm_kernel(const float* pre_in, const float* h, int64_t d_model,
+                             const float* norm_w, float rms_eps, __nv_bfloat16* y) {
+    constexpr int kBatch = (8 + HC - 1) / HC;  // groups whose loads are in flight together
+    const int64_t t = blockIdx.x;
+    const int d4 = static_cast<int>(d_model / 4), tid = threadIdx.x, nt = blockDim.x;
+    const float4* const ht4 = reinterpret_cast<const float4*>(h + t * HC * d_model);
+    float pre[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) pre[j] = pre_in[t * HC + j];
+
+    uint2 x[kStreamGroups];  // the bf16 collapse of this thread's groups, as stored
+    float ss = 0.0f;         // Σ bf16(x)² over them
+#pragma unroll
+    for (int g0 = 0; g0 < kStreamGroups; g0 += kBatch) {
+        float4 a[kBatch][HC];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int g = g0 + b, d = tid + g * nt;
+            if (g < kStreamGroups && d < d4) {
+#pragma unroll
+                for (int j = 0; j < HC; ++j) a[b][j] = __ldcs(ht4 + j * d4 + d);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int g = g0 + b, d = tid + g * nt;
+            if (g < kStreamGroups && d < d4) {
+                const float4 s = combine4<HC>(a[b], pre);
+                x[g] = make_uint2(bf16x2_bits(s.x, s.y), bf16x2_bits(s.z, s.w));
+                ss += bf16_lo(x[g].x) * bf16_lo(x[g].x);
+                ss += bf16_hi(x[g].x) * bf16_hi(x[g].x);
+                ss += bf16_lo(x[g].y) * bf16_lo(x[g].y);
+                ss += bf16_hi(x[g].y) * bf16_hi(x[g].y);
+            }
+        }
+    }
+    [[maybe_unused]] float inv = 1.0f;
+    if constexpr (kNorm) {
+        __shared__ float partial[kStreamThreads / 32];
+        ss = warp_sum(ss);
+        if ((tid & 31) == 0) partial[tid >> 5] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int w = 0; w < nt / 32; ++w) tot += partial[w];
+        inv = rsqrtf(tot / static_cast<float>(d_model) + rms_eps);
+    }
+    uint2* const yt = reinterpret_cast<uint2*>(y + t * d_model);
+#pragma unroll
+    for (int g = 0; g < kStreamGroups; ++g) {
+        const int d = tid + g * nt;
+        if (d < d4) {
+            uint2 v = x[g];
+            if constexpr (kNorm) {  // as rmsnorm_kernel (norm.cu)
+                const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w) + d);
+                v = make_uint2(bf16x2_bits(w.x * (bf16_lo(v.x) * inv), w.y * (bf16_hi(v.x) * inv)),
+                               bf16x2_bits(w.z * (bf16_lo(v.y) * inv), w.w * (bf16_hi(v.y) * inv)));
+            }
+            __stwb(yt + d, v);
+        }
+    }
+}
+
 // How mhc_post_pre cuts the work: tiles of kTile tokens × slices of d_model. One slice per tile
 // while the tiles fill the GPU (kTargetBlocks / 2 or more); else as many as keep the blocks within
 // kTargetBlocks (at most kMaxSplit, at most one per chunk), each slice a whole number of chunks.
@@ -384,28 +486,51 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
                      const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
                      float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
                      cudaStream_t stream) {
+    using Yes = std::true_type;
+    using No = std::false_type;
     const FusedSplit sp = fused_split(rows, p.d_model);
-    const dim3 grid1(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits));
-    const bool vec1 = p.d_model % 4 == 0 && aligned(h, 16) && aligned(p.fn, 16) && aligned(o, 8);
-    if (vec1)
-        mhc_post_mix_kernel<HC, true><<<grid1, kFusedThreads, 0, stream>>>(
-            post_in, comb_in, o, p.fn, p.d_model, rows, sp.chunks_per_split, h, scratch);
-    else
-        mhc_post_mix_kernel<HC, false><<<grid1, kFusedThreads, 0, stream>>>(
-            post_in, comb_in, o, p.fn, p.d_model, rows, sp.chunks_per_split, h, scratch);
-    CPFILL_CUDA_CHECK(cudaGetLastError());
-
-    const unsigned blocks2 = static_cast<unsigned>((rows + kRows - 1) / kRows);
     const bool vec2 = p.d_model % 4 == 0 && aligned(h, 16) && aligned(y, 8) &&
                       (norm_w == nullptr || aligned(norm_w, 16));
+    // One slice and vector access: kernel 1 runs the site math, kernel 2 only streams.
+    const bool streaming = sp.splits == 1 && vec2 && p.d_model <= kStreamMaxD;
+
+    const dim3 grid1(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits));
+    const bool vec1 = p.d_model % 4 == 0 && aligned(h, 16) && aligned(p.fn, 16) && aligned(o, 8);
+    auto post_mix = [&](auto vec, auto site) {
+        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value>
+            <<<grid1, kFusedThreads, 0, stream>>>(post_in, comb_in, o, p, rows, sp.chunks_per_split,
+                                                  h, scratch, post_out, comb_out);
+    };
+    if (vec1 && streaming)
+        post_mix(Yes{}, Yes{});
+    else if (vec1)
+        post_mix(Yes{}, No{});
+    else if (streaming)
+        post_mix(No{}, Yes{});
+    else
+        post_mix(No{}, No{});
+    CPFILL_CUDA_CHECK(cudaGetLastError());
+
+    if (streaming) {
+        const int64_t d4 = p.d_model / 4;
+        const int threads =
+            d4 >= kStreamThreads ? kStreamThreads : static_cast<int>((d4 + 31) / 32 * 32);
+        const unsigned blocks = static_cast<unsigned>(rows);
+        if (norm_w)
+            mhc_collapse_norm_kernel<HC, true>
+                <<<blocks, threads, 0, stream>>>(scratch, h, p.d_model, norm_w, norm_eps, y);
+        else
+            mhc_collapse_norm_kernel<HC, false>
+                <<<blocks, threads, 0, stream>>>(scratch, h, p.d_model, norm_w, norm_eps, y);
+        return;
+    }
+    const unsigned blocks2 = static_cast<unsigned>((rows + kRows - 1) / kRows);
     auto collapse = [&](auto vec, auto norm) {
         mhc_pre_norm_kernel<HC, decltype(vec)::value, decltype(norm)::value>
             <<<blocks2, kThreads, 0, stream>>>(scratch, sp.splits, p.base, p.scale, p.d_model, rows,
                                                p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, norm_w,
                                                norm_eps, post_out, comb_out, y);
     };
-    using Yes = std::true_type;
-    using No = std::false_type;
     if (vec2 && norm_w)
         collapse(Yes{}, Yes{});
     else if (vec2)
