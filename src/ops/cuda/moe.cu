@@ -2,6 +2,7 @@
 // memory; top_k rounds of a warp arg-max (key desc, index asc) pick the experts in the CPU's order.
 // swiglu: one thread per (token, channel).
 #include "ops/cuda/moe.h"
+#include "ops/cuda/swiglu_device.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -62,14 +63,6 @@ __global__ void route_kernel(const float* logits, int64_t n, int n_experts, int 
         idx[t * top_k + lane] = chosen;
         weight[t * top_k + lane] = s / (sum + 1e-20f) * routed_scale;
     }
-}
-
-__device__ __forceinline__ float swiglu_one(float g, float u, float limit, float rs) {
-    if (limit > 0.0f) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-    }
-    return g / (1.0f + expf(-g)) * u * rs;
 }
 
 // One thread per output channel.

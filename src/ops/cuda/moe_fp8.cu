@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "ops/cuda/fp8_device.cuh"
 #include "ops/cuda/moe_fp8.h"
+#include "ops/cuda/swiglu_device.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
@@ -68,14 +69,6 @@ __global__ void gather_quant_kernel(const bf16* y, int64_t D, const int32_t* per
     if (threadIdx.x % 32 != 0) return;
     sp[p] = !valid ? 0.0f : shared ? 1.0f : weight[a];
     if (valid && !shared) inv[a] = static_cast<int32_t>(p);
-}
-
-__device__ float swiglu_one(float g, float u, float limit, float rs) {
-    if (limit > 0.0f) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-    }
-    return g / (1.0f + expf(-g)) * u * rs;
 }
 
 // quantize_row128 of the SwiGLU of one row's blocks [kb_first, kb_n) (gate at g_row, up width
