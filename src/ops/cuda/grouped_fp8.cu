@@ -22,19 +22,13 @@
 //   next tile computes. Boxes are 64 outputs wide: 64 rows when all the consumer's rows are in
 //   the expert, else 8-row boxes and one 4-row box at the end (padded blocks are multiples of 4
 //   rows, so no box crosses into the next expert; every box starts on a 1024-byte swizzle atom).
-//
-// And the SwiGLU epilogue (kSwiGlu, GroupedFp8Gemm::act; docs/fp8.md "The SwiGLU in the gate-up
-// epilogue"): a tile is 128 activation channels, its halves the gate and the up rows of w (two
-// 128-row loads), and each consumer writes e4m3 SwiGLU values and their scales from registers.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <mutex>
 
 #include "core/error.h"
-#include "ops/cuda/fp8_device.cuh"
 #include "ops/cuda/grouped_fp8.h"
-#include "ops/cuda/swiglu_device.cuh"
 #include "ops/cuda/wgmma.cuh"
 #include "runtime/cuda/cuda_check.h"
 
@@ -53,10 +47,8 @@ constexpr int kYBox = 64, kYBoxMid = 8, kYBoxTail = 4;  // rows of the three out
 
 using Epilogue = GroupedFp8Epilogue;
 
-// kSwiGlu: the gate_up GEMM with the SwiGLU and its quantisation in the epilogue (no output
-// tile in shared memory: the registers epilogue's 4 stages).
-template <Epilogue kEpi, bool kSwiGlu = false>
-constexpr int kStagesOf = kSwiGlu || kEpi == Epilogue::Registers ? 4 : 3;
+template <Epilogue kEpi>
+constexpr int kStagesOf = kEpi == Epilogue::Registers ? 4 : 3;
 
 template <int kStages>
 struct Smem {
@@ -68,11 +60,10 @@ struct Smem {
 // TmaStore's two output tiles start at the first 1024-byte boundary after Smem.
 template <int kStages>
 constexpr size_t kYOffset = (sizeof(Smem<kStages>) + 1023) / 1024 * 1024;
-template <Epilogue kEpi, bool kSwiGlu = false>
+template <Epilogue kEpi>
 constexpr size_t kSmemBytes =  // + alignment of the dynamic base
-    (kSwiGlu || kEpi == Epilogue::Registers
-         ? sizeof(Smem<kStagesOf<kEpi, kSwiGlu>>)
-         : kYOffset<kStagesOf<kEpi, kSwiGlu>> + 2 * kYTileBytes) +
+    (kEpi == Epilogue::Registers ? sizeof(Smem<kStagesOf<kEpi>>)
+                                 : kYOffset<kStagesOf<kEpi>> + 2 * kYTileBytes) +
     1024;
 static_assert(kSmemBytes<Epilogue::Registers> <= 227 * 1024 &&
                   kSmemBytes<Epilogue::TmaStore> <= 227 * 1024,
@@ -92,11 +83,6 @@ struct Args {
     const float* ws_last;  // set: the last expert's scales (GroupedFp8Gemm::w_last)
     int in, out;
     __nv_bfloat16* y;
-    // kSwiGlu (GroupedFp8Gemm::act): the e4m3 activations, their scales, the rows' scales, limit.
-    uint8_t* act;
-    float* act_scale;
-    const float* act_row_scale;
-    float limit;
 };
 
 struct Tile {
@@ -190,64 +176,18 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
     bulk_commit();
 }
 
-// kSwiGlu's epilogue: acc[0] holds the gate and acc[1] the up projections of the same 128
-// channels. Each is rounded to bf16 as the bf16 epilogues store it, then v = swiglu_row(g, u)
-// and the row's 128-channel block is quantised as fp8_device::quantize_block does (scale amax /
-// 448, or 1 when all are 0): the bits of grouped_gemm_fp8 + swiglu_quant_fp8_experts. A row's
-// 128 channels are spread over the 4 lanes of a quad (32 each: columns 8i + 2 (lane % 4) + {0,
-// 1}), so its maximum takes two shuffles. Rows past the expert's padded block write nothing.
-__device__ __forceinline__ void store_swiglu_quant(float (&acc)[2][64], const Args& a, int p0,
-                                                   int m4, int r0, int nt, int lane) {
-    using fp8_device::kE4m3Max;
-    const int width = a.out / 2;
-#pragma unroll
-    for (int half_row = 0; half_row < 2; ++half_row) {
-        const int r = half_row ? r0 + 8 : r0;
-        const bool in = r < m4;
-        const float rs = in ? a.act_row_scale[p0 + r] : 0.0f;
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int j = 4 * i + 2 * half_row + c;
-                const float g = __bfloat162float(__float2bfloat16_rn(acc[0][j]));
-                const float u = __bfloat162float(__float2bfloat16_rn(acc[1][j]));
-                acc[0][j] = swiglu_one(g, u, a.limit, rs);
-                amax = fmaxf(amax, fabsf(acc[0][j]));
-            }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        if (!in) continue;
-        const float sc = amax > 0.0f ? amax / kE4m3Max : 1.0f;
-        uint8_t* q = a.act + int64_t{p0 + r} * width + nt * 128 + 2 * (lane % 4);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const int j = 4 * i + 2 * half_row;
-            const __nv_fp8x2_storage_t w = __nv_cvt_float2_to_fp8x2(
-                make_float2(acc[0][j] / sc, acc[0][j + 1] / sc), __NV_SATFINITE, __NV_E4M3);
-            *reinterpret_cast<__nv_fp8x2_storage_t*>(q + 8 * i) = w;
-        }
-        if (lane % 4 == 0) a.act_scale[int64_t{p0} * (width / 128) + int64_t{nt} * m4 + r] = sc;
-    }
-}
-
-template <Epilogue kEpi, bool kSwiGlu>
+template <Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_fp8_kernel(const __grid_constant__ CUtensorMap map_x,
                        const __grid_constant__ CUtensorMap map_w,
                        const __grid_constant__ CUtensorMap map_w_last,
                        const __grid_constant__ OutMaps map_y, const Args a) {
-    constexpr int kStages = kStagesOf<kEpi, kSwiGlu>;
+    constexpr int kStages = kStagesOf<kEpi>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* const base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     Smem<kStages>& s = *reinterpret_cast<Smem<kStages>*>(base);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    // kSwiGlu: output tile nt is channels [128 nt, 128 nt + 128) of the activation, its two
-    // halves the gate rows 128 nt … and the up rows width + 128 nt … of w (two 128-row loads).
-    const int width = a.out / 2;
-    const int E = a.n_experts, n_tiles_n = kSwiGlu ? width / 128 : (a.out + kBN - 1) / kBN,
-              n_kb = a.in / kBK;
+    const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN, n_kb = a.in / kBK;
     if (threadIdx.x < 32) count_tiles(s.tile_first, a.pfirst, E, n_tiles_n);
     if (threadIdx.x == 32) {
         for (int i = 0; i < kStages; ++i) {
@@ -269,8 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
             const bool last = a.ws_last && tl.e == E - 1;  // the expert held apart
             const int row0 = a.pfirst[tl.e] + tl.mt * kBM;
-            const int wbase = last ? 0 : tl.e * a.out;
-            const int wrow0 = wbase + tl.nt * (kSwiGlu ? 128 : kBN);
+            const int wrow0 = (last ? 0 : tl.e * a.out) + tl.nt * kBN;
             const CUtensorMap* mw = last ? &map_w_last : &map_w;
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
@@ -278,8 +217,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_arrive_expect_tx(&s.full[st], kABytes + kBBytes);
                 tma_load_2d(s.a[st], &map_x, &s.full[st], kb * kBK, row0);
                 tma_load_2d(s.b[st], mw, &s.full[st], kb * kBK, wrow0);
-                if constexpr (kSwiGlu)  // the up rows into the second half (128-row boxes)
-                    tma_load_2d(s.b[st] + kHalfBytes, mw, &s.full[st], kb * kBK, wrow0 + width);
             }
         }
         return;
@@ -293,13 +230,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int p0 = a.pfirst[tl.e], m4 = a.pfirst[tl.e + 1] - p0;
         const int r0 = tl.mt * kBM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
         const int c0 = tl.nt * kBN;
-        // The tile's second 128 outputs exist (kSwiGlu: the up half, always).
-        const bool second = kSwiGlu || c0 + kBN / 2 < a.out;
+        const bool second = c0 + kBN / 2 < a.out;  // the tile's second 128 outputs exist
         const float* xs = a.xs + int64_t{p0} * n_kb;
-        // The weight scales of each half's 128 rows.
-        const float* ws_e = a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert;
-        const float* ws = ws_e + int64_t{kSwiGlu ? tl.nt : c0 / 128} * ws_ld;
-        const float* ws1 = kSwiGlu ? ws_e + int64_t{width / 128 + tl.nt} * ws_ld : ws + ws_ld;
+        const float* ws = (a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert) +
+                          int64_t{c0 / 128} * ws_ld;
         float acc[2][64], d[64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
@@ -310,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             nx0 = r0 < m4 ? xs[int64_t{kb} * m4 + r0] : 0.0f;
             nx1 = r1 < m4 ? xs[int64_t{kb} * m4 + r1] : 0.0f;
             nw0 = ws[kb];
-            nw1 = second ? ws1[kb] : 0.0f;
+            nw1 = second ? ws[ws_ld + kb] : 0.0f;
         };
         load_scales(0);
         for (int kb = 0; kb < n_kb; ++kb, ++it) {
@@ -341,9 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(&s.empty[st]);
         }
-        if constexpr (kSwiGlu) {
-            store_swiglu_quant(acc, a, p0, m4, r0, tl.nt, lane);
-        } else if constexpr (kEpi == Epilogue::Registers) {
+        if constexpr (kEpi == Epilogue::Registers) {
             __nv_bfloat16* y = a.y + int64_t{p0} * a.out + c0 + 2 * (lane % 4);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -367,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     }
     // The last tile's stores have finished before the block (and its shared memory) goes.
-    if constexpr (kEpi == Epilogue::TmaStore && !kSwiGlu)
+    if constexpr (kEpi == Epilogue::TmaStore)
         if (tid == 0) bulk_wait<0>();
 }
 
@@ -427,17 +359,16 @@ int multiprocessors() {
     return n;
 }
 
-template <Epilogue kEpi, bool kSwiGlu>
+template <Epilogue kEpi>
 void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_last,
             const OutMaps& my, const Args& a, cudaStream_t stream) {
     // Per call: the attribute belongs to the current device, and ranks may be threads of one
     // process on several GPUs.
-    constexpr size_t kBytes = kSmemBytes<kEpi, kSwiGlu>;
-    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi, kSwiGlu>,
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(kBytes)));
-    grouped_fp8_kernel<kEpi, kSwiGlu>
-        <<<multiprocessors(), kThreads, kBytes, stream>>>(mx, mw, mw_last, my, a);
+                                           int(kSmemBytes<kEpi>)));
+    grouped_fp8_kernel<kEpi>
+        <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, mw_last, my, a);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -462,14 +393,8 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                      g.n_pad < (int64_t{1} << 31),
                  "grouped fp8 GEMM: {} rows × {} × {} over {} experts is out of range", g.n_pad,
                  g.out, g.in, g.n_experts);
-    const bool swiglu = g.act != nullptr;
-    CPFILL_CHECK(
-        !swiglu || (g.out % 256 == 0 && g.act_scale != nullptr && g.act_row_scale != nullptr),
-        "grouped fp8 GEMM: the SwiGLU epilogue needs out = 2 · width with width a "
-        "multiple of 128 (out = {}), the activation scales and the rows' scales",
-        g.out);
-    const bool tma_store = !swiglu && g.epilogue == Epilogue::TmaStore;
-    CPFILL_CHECK(g.epilogue == Epilogue::TmaStore || g.epilogue == Epilogue::Registers,
+    const bool tma_store = g.epilogue == Epilogue::TmaStore;
+    CPFILL_CHECK(tma_store || g.epilogue == Epilogue::Registers,
                  "grouped fp8 GEMM: epilogue {} is neither Registers nor TmaStore",
                  static_cast<int>(g.epilogue));
     CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
@@ -480,12 +405,11 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  "grouped fp8 GEMM: the last expert's weights and scales are given together");
     if (g.n_pad == 0) return;
     const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, kBM);
-    // The routed experts' map (the last expert's when it is the only one: never read then). The
-    // SwiGLU epilogue loads the gate and up halves of a tile apart: 128-row boxes.
-    const int routed = apart ? g.n_experts - 1 : g.n_experts, box = swiglu ? kBN / 2 : kBN;
-    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, box)
-                                      : tile_map(g.w_last, g.out, g.in, box);
-    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, box) : mw;
+    // The routed experts' map (the last expert's when it is the only one: never read then).
+    const int routed = apart ? g.n_experts - 1 : g.n_experts;
+    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, kBN)
+                                      : tile_map(g.w_last, g.out, g.in, kBN);
+    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, kBN) : mw;
     OutMaps my{};
     if (tma_store) {
         my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
@@ -500,17 +424,11 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  g.ws_last,
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
-                 g.y,
-                 static_cast<uint8_t*>(g.act),
-                 g.act_scale,
-                 g.act_row_scale,
-                 g.swiglu_limit};
-    if (swiglu)
-        launch<Epilogue::Registers, true>(mx, mw, mw_last, my, a, stream);
-    else if (tma_store)
-        launch<Epilogue::TmaStore, false>(mx, mw, mw_last, my, a, stream);
+                 g.y};
+    if (tma_store)
+        launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
     else
-        launch<Epilogue::Registers, false>(mx, mw, mw_last, my, a, stream);
+        launch<Epilogue::Registers>(mx, mw, mw_last, my, a, stream);
 }
 
 }  // namespace cpfill::ops::cuda
