@@ -16,7 +16,6 @@
 #include "ops/cuda/fp8.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/grouped_fp8.h"
-#include "ops/cuda/moe_fp8.h"
 #include "runtime/cuda/buffer.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/time_ms.h"
@@ -40,7 +39,6 @@ void grouped_experts(int E, int64_t rows, int reps) {
         "grouped fp8, tma_store epilogue | per-expert cuBLASLt fp8 |\n");
     fmt::print("|---|---|---:|---:|---:|\n");
     oc::GemmContext ctx;
-    std::string swiglu_line;  // printed after the table
     for (const auto& [n, k, what] : {std::tuple{int64_t{4096}, int64_t{4096}, "gate_up"},
                                      std::tuple{int64_t{4096}, int64_t{2048}, "down"}}) {
         const int64_t total = E * rows;
@@ -93,34 +91,7 @@ void grouped_experts(int E, int64_t rows, int reps) {
             reps);
         fmt::print("| {} × {} | {} ({} × {}) | {} | {} | {:.0f} |\n", E, rows, what, n, k,
                    grouped[0], grouped[1], flop / per / 1e9);
-        if (n == k && oc::grouped_fp8_supported()) {  // gate_up: the SwiGLU after it or inside it
-            const int64_t width = n / 2;
-            cuda::DeviceBuffer aq(total * width), as(total * (width / 128) * 4), sp(total * 4);
-            const std::vector<float> one(total, 1.0f);
-            CPFILL_CUDA_CHECK(
-                cudaMemcpy(sp.as<void>(), one.data(), sp.bytes(), cudaMemcpyHostToDevice));
-            g.epilogue = oc::GroupedFp8Epilogue::TmaStore;
-            const double apart = time_ms(
-                [&] {
-                    oc::grouped_gemm_fp8(g, nullptr);
-                    oc::swiglu_quant_fp8_experts(g.y, total, width, 10.0f, sp.as<float>(),
-                                                 dpf.as<int32_t>(), E, aq.as<void>(),
-                                                 as.as<float>(), nullptr);
-                },
-                reps);
-            g.act = aq.as<void>();
-            g.act_scale = as.as<float>();
-            g.act_row_scale = sp.as<float>();
-            g.swiglu_limit = 10.0f;
-            const double fused = time_ms([&] { oc::grouped_gemm_fp8(g, nullptr); }, reps);
-            g.act = nullptr;
-            swiglu_line = fmt::format(
-                "\ngate_up + SwiGLU + quantisation: {:.3f} ms as two launches (tma_store, then "
-                "swiglu_quant_fp8_experts), {:.3f} ms in the SwiGLU epilogue ({:.0f} TFLOP/s)\n",
-                apart, fused, flop / fused / 1e9);
-        }
     }
-    fmt::print("{}", swiglu_line);
 }
 
 }  // namespace

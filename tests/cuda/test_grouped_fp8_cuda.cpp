@@ -6,9 +6,7 @@
 // multiprocessors and more k-blocks than pipeline stages. Both epilogues store the same fp32 sums
 // rounded the same way, so their outputs must be bit-identical; and neither may write a row past
 // an expert's padded block, which the TMA boxes of TmaStore could. The last expert's weights held
-// apart (w_last, ws_last: the shared expert's) must give the bits of all in one buffer. The
-// SwiGLU epilogue (GroupedFp8Gemm::act) must give the bits of the bf16 GEMM followed by
-// swiglu_quant_fp8_experts, and write nothing past the activations' padded rows.
+// apart (w_last, ws_last: the shared expert's) must give the bits of all in one buffer.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -333,104 +331,6 @@ TEST(GroupedFp8Epilogues, BitIdentical) {
                              << first % p.N << " (registers " << std::hex << reg[first]
                              << ", tma_store " << tma[first] << ")";
     }
-}
-
-// The gate_up GEMM with the SwiGLU and its quantisation in the epilogue against the bf16 GEMM
-// followed by swiglu_quant_fp8_experts: the same e4m3 bytes and scales on every padded row (row
-// scales random, 0 on pad rows as gather_quant_fp8 writes them), with and without the clamp, the
-// last expert held apart, and nothing written past the activations of the last padded row.
-TEST(GroupedFp8SwiGlu, EqualsGemmThenSwigluQuant) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
-    struct {
-        Case c;
-        uint64_t seed;
-        float limit;
-        bool apart;
-    } const cases[] = {
-        {{{0, 3, 130, 0, 257, 1, 4}, 256, 512}, 21, 10.0f, false},
-        {{{1200, 517, 0, 1280}, 1024, 2048}, 22, 0.0f, false},
-        {{every_tail_length().counts, 256, 256}, 23, 10.0f, false},
-        {{{5, 130, 0, 517}, 384, 768}, 24, 7.0f, true},
-    };
-    constexpr uint8_t kPoison = 0xab;
-    for (const auto& [c, seed, limit, apart] : cases) {
-        SCOPED_TRACE(::testing::Message() << "seed " << seed);
-        const Problem p = make_problem(c, seed);
-        const int64_t width = p.N / 2, kb_w = width / 128;
-        std::mt19937_64 rng(seed + 100);
-        std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-        std::vector<float> sp(p.n_pad, 0.0f);
-        for (int e = 0; e < p.E; ++e)
-            for (int64_t i = 0; i < c.counts[e]; ++i) sp[p.pfirst[e] + i] = weight(rng);
-        cuda::DeviceBuffer dsp = upload(sp);
-        const WeightsApart a = apart ? hold_last_apart(p) : WeightsApart{};
-        // Separate: bf16 gate_up, then the SwiGLU + quantisation kernel.
-        const std::vector<uint16_t> gu =
-            run_gemm(p, GroupedFp8Epilogue::TmaStore, p.E, apart ? &a : nullptr);
-        cuda::DeviceBuffer dgu = upload(gu);
-        const std::vector<uint8_t> q_init((p.n_pad + 2) * width, kPoison);
-        const std::vector<float> s_init((p.n_pad + 2) * kb_w, -3.0f);
-        cuda::DeviceBuffer dq_ref = upload(q_init), ds_ref = upload(s_init);
-        oc::swiglu_quant_fp8_experts(dgu.as<__nv_bfloat16>(), p.n_pad, width, limit,
-                                     dsp.as<float>(), p.dpf.as<int32_t>(), p.E, dq_ref.as<void>(),
-                                     ds_ref.as<float>(), nullptr);
-        // Fused.
-        cuda::DeviceBuffer dq = upload(q_init), ds = upload(s_init);
-        oc::GroupedFp8Gemm g;
-        g.x = p.dxq.as<void>();
-        g.xs = p.dxs.as<float>();
-        g.n_pad = p.n_pad;
-        g.pfirst = p.dpf.as<int32_t>();
-        g.n_experts = p.E;
-        g.w = apart ? a.w.as<void>() : p.dwq.as<void>();
-        g.ws = apart ? a.ws.as<float>() : p.dws.as<float>();
-        if (apart) {
-            g.w_last = a.w_last.as<void>();
-            g.ws_last = a.ws_last.as<float>();
-        }
-        g.ws_per_expert = p.spm;
-        g.in = p.K;
-        g.out = p.N;
-        g.act = dq.as<void>();
-        g.act_scale = ds.as<float>();
-        g.act_row_scale = dsp.as<float>();
-        g.swiglu_limit = limit;
-        oc::grouped_gemm_fp8(g, nullptr);
-        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto q_ref = download<uint8_t>(dq_ref, q_init.size()),
-                   q = download<uint8_t>(dq, q_init.size());
-        const auto s_ref = download<float>(ds_ref, s_init.size()),
-                   s = download<float>(ds, s_init.size());
-        int64_t differ = 0, first = -1, nonzero = 0;
-        for (size_t i = 0; i < q.size(); ++i) {
-            nonzero += (q[i] & 0x7f) != 0;
-            if (q[i] != q_ref[i] && differ++ == 0) first = static_cast<int64_t>(i);
-        }
-        EXPECT_EQ(differ, 0) << differ << " of " << q.size() << " activation bytes differ; the "
-                             << "first at row " << first / width << " channel " << first % width
-                             << " (fused " << int(q[first]) << ", separate " << int(q_ref[first])
-                             << ")";
-        EXPECT_GT(nonzero, static_cast<int64_t>(q.size()) / 4) << "the activations are mostly 0";
-        for (size_t i = 0; i < s.size(); ++i)
-            ASSERT_EQ(s[i], s_ref[i]) << "scale " << i << " of " << s.size();
-        for (int64_t i = p.n_pad * width; i < static_cast<int64_t>(q.size()); ++i)
-            ASSERT_EQ(q[i], kPoison) << "byte " << i << " past the last padded row was written";
-    }
-}
-
-// The SwiGLU epilogue refuses an out that is not two halves of whole 128-channel blocks.
-TEST(GroupedFp8SwiGlu, RefusesAnOddHalf) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    cuda::DeviceBuffer d(4096);
-    oc::GroupedFp8Gemm g;
-    g.n_experts = 1;
-    g.in = 128;
-    g.out = 384;  // width 192
-    g.n_pad = 4;
-    g.act = d.as<void>();
-    g.act_scale = d.as<float>();
-    g.act_row_scale = d.as<float>();
-    EXPECT_THROW(oc::grouped_gemm_fp8(g, nullptr), Error);
 }
 
 }  // namespace

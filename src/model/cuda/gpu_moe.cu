@@ -172,14 +172,10 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         }
         g.in = D;
         g.out = 2 * width;
-        // gate_up with the SwiGLU and its quantisation in the epilogue: the activations of the
-        // down GEMM, the bits swiglu_quant_fp8_experts would make of a bf16 gate_up.
-        g.act = s.aq;
-        g.act_scale = s.as;
-        g.act_row_scale = s.sp;
-        g.swiglu_limit = limit;
+        g.y = s.gu;
         oc::grouped_gemm_fp8(g, st);
-        g.act = nullptr;
+        oc::swiglu_quant_fp8_experts(s.gu, pfirst[En], width, limit, s.sp, s.pfirst, En, s.aq, s.as,
+                                     st);
         g.x = s.aq;
         g.xs = s.as;
         g.w = w2.q;

@@ -22,21 +22,13 @@
 //   next tile computes. Boxes are 64 outputs wide: 64 rows when all the consumer's rows are in
 //   the expert, else 8-row boxes and one 4-row box at the end (padded blocks are multiples of 4
 //   rows, so no box crosses into the next expert; every box starts on a 1024-byte swizzle atom).
-//
-// And the SwiGLU epilogue (kSwiGlu, GroupedFp8Gemm::act; docs/fp8.md "The SwiGLU in the gate-up
-// epilogue"): a tile is 128 activation channels, its halves the gate and the up rows of w (two
-// 128-row loads). Each consumer stages its bf16 tile as TmaStore does, and instead of TMA the
-// producer warpgroup's idle warps 1–3 turn it into e4m3 SwiGLU values and their scales while the
-// consumers go on to the next tile (mbarriers y_full / y_empty per consumer).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <mutex>
 
 #include "core/error.h"
-#include "ops/cuda/fp8_device.cuh"
 #include "ops/cuda/grouped_fp8.h"
-#include "ops/cuda/swiglu_device.cuh"
 #include "ops/cuda/wgmma.cuh"
 #include "runtime/cuda/cuda_check.h"
 
@@ -55,27 +47,23 @@ constexpr int kYBox = 64, kYBoxMid = 8, kYBoxTail = 4;  // rows of the three out
 
 using Epilogue = GroupedFp8Epilogue;
 
-// kSwiGlu: the gate_up GEMM with the SwiGLU and its quantisation in the epilogue (the bf16 tile
-// staged in shared memory as TmaStore's: its 3 stages).
-template <Epilogue kEpi, bool kSwiGlu = false>
-constexpr int kStagesOf = !kSwiGlu && kEpi == Epilogue::Registers ? 4 : 3;
+template <Epilogue kEpi>
+constexpr int kStagesOf = kEpi == Epilogue::Registers ? 4 : 3;
 
 template <int kStages>
 struct Smem {
     uint8_t a[kStages][kABytes];  // each stage 1024-byte aligned: the swizzle's atom
     uint8_t b[kStages][kBBytes];
     uint64_t full[kStages], empty[kStages];
-    uint64_t y_full[2], y_empty[2];       // kSwiGlu: each consumer's staged tile written / read
     int32_t tile_first[kMaxExperts + 1];  // the first tile of each expert; [E]: all tiles
 };
 // TmaStore's two output tiles start at the first 1024-byte boundary after Smem.
 template <int kStages>
 constexpr size_t kYOffset = (sizeof(Smem<kStages>) + 1023) / 1024 * 1024;
-template <Epilogue kEpi, bool kSwiGlu = false>
+template <Epilogue kEpi>
 constexpr size_t kSmemBytes =  // + alignment of the dynamic base
-    (!kSwiGlu && kEpi == Epilogue::Registers
-         ? sizeof(Smem<kStagesOf<kEpi, kSwiGlu>>)
-         : kYOffset<kStagesOf<kEpi, kSwiGlu>> + 2 * kYTileBytes) +
+    (kEpi == Epilogue::Registers ? sizeof(Smem<kStagesOf<kEpi>>)
+                                 : kYOffset<kStagesOf<kEpi>> + 2 * kYTileBytes) +
     1024;
 static_assert(kSmemBytes<Epilogue::Registers> <= 227 * 1024 &&
                   kSmemBytes<Epilogue::TmaStore> <= 227 * 1024,
@@ -95,11 +83,6 @@ struct Args {
     const float* ws_last;  // set: the last expert's scales (GroupedFp8Gemm::w_last)
     int in, out;
     __nv_bfloat16* y;
-    // kSwiGlu (GroupedFp8Gemm::act): the e4m3 activations, their scales, the rows' scales, limit.
-    uint8_t* act;
-    float* act_scale;
-    const float* act_row_scale;
-    float limit;
 };
 
 struct Tile {
@@ -147,11 +130,12 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // y: the consumer's output tile in shared memory; grow: the global row of its first row; v: its
 // rows inside the expert's padded block (a multiple of 4, ≤ 0 when none); c0: the tile's first
 // output.
-// The consumer's bf16 tile into shared memory at y (the layout of the file comment), each thread
-// its own accumulators; the caller synchronises.
-__device__ __forceinline__ void stage_tile(const float (&acc)[2][64], bool second, uint32_t y,
-                                           int tid) {
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
+                                               int cw, int tid, const OutMaps& maps, int grow,
+                                               int v, int c0) {
     const int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
+    named_barrier_sync(1 + cw, 128);
     __syncwarp();  // stmatrix is .aligned: the warp converged
     // stmatrix p of half h: matrices (rows +0, units 2p), (+8, 2p), (+0, 2p + 1), (+8, 2p + 1) of
     // the warp's 16 rows, 16-byte unit u of the 32 in a row = 8 outputs. Lane l gives row
@@ -171,14 +155,6 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[2][64], bool secon
                         pack_bf16x2(acc[h][8 * p + 6], acc[h][8 * p + 7]));
         }
     }
-}
-
-__device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
-                                               int cw, int tid, const OutMaps& maps, int grow,
-                                               int v, int c0) {
-    if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
-    named_barrier_sync(1 + cw, 128);
-    stage_tile(acc, second, y, tid);
     fence_proxy_async_shared();  // each writer's stores, before TMA reads them
     named_barrier_sync(1 + cw, 128);
     // Boxes of 64 outputs: 64 rows, or 8-row boxes and a last 4-row one (v - r is 0 or 4 after the
@@ -200,89 +176,23 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
     bulk_commit();
 }
 
-// 16 bytes from shared memory at a shared-window address.
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-}
-
-// kSwiGlu's epilogue, off the consumers: warps 1–3 of the producer warpgroup (96 threads, 40
-// registers each). Per tile and consumer cw they wait until its staged bf16 tile is written
-// (y_full[cw]: chunks 0–1 the gate, 2–3 the up projections of the tile's 128 channels, 64 rows,
-// the 128-byte swizzle of store_tile_tma), then a half-warp per row loads 8 gate and 8 up values
-// per lane, applies swiglu_one with the row's factor and quantises the row's 128-channel block
-// with fp8_device::quantize_block — the code swiglu_quant_fp8_experts runs on the same bf16
-// values, so the bits are that kernel's — and frees the tile (y_empty[cw]). Rows past the
-// expert's padded block only take part in the shuffles.
-template <int kStages>
-__device__ __forceinline__ void swiglu_workers(Smem<kStages>& s, uint32_t ytiles, const Args& a,
-                                               int n_tiles_n, int n_tiles, int wt) {
-    // Lean on registers: 40 per thread (setmaxnreg), pointers formed where used.
-    const int half = wt % 32 / 16, l16 = wt % 16, w = wt / 32;
-    int k = 0;
-#pragma unroll 1
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
-        const Tile tl = tile_of(s.tile_first, a.n_experts, n_tiles_n, t);
-        const int p0 = a.pfirst[tl.e], m4 = a.pfirst[tl.e + 1] - p0;
-#pragma unroll 1
-        for (int cw = 0; cw < 2; ++cw) {
-            mbar_wait(&s.y_full[cw], k & 1);
-            const int lrow = tl.mt * kBM + cw * kYRows;
-#pragma unroll 1
-            for (int i0 = 2 * w; i0 < kYRows; i0 += 6) {  // warp-uniform: the shuffles need all
-                const int i = i0 + half, r = lrow + i;
-                const uint32_t at = ytiles + cw * kYTileBytes + (l16 / 8) * kYChunkBytes +
-                                    i * kYRowBytes + (((l16 % 8) ^ (i % 8)) << 4);
-                const uint4 g = ld_shared_v4(at), u = ld_shared_v4(at + 2 * kYChunkBytes);
-                const float rs = r < m4 ? a.act_row_scale[p0 + r] : 0.0f;
-                const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
-                float v[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const uint32_t gb = gw[j / 2], ub = uw[j / 2];
-                    v[j] = swiglu_one(__uint_as_float(j % 2 ? gb & 0xffff0000u : gb << 16),
-                                      __uint_as_float(j % 2 ? ub & 0xffff0000u : ub << 16), a.limit,
-                                      rs);
-                }
-                const int width = a.out / 2;
-                fp8_device::quantize_block<true>(
-                    v, 0, r < m4 ? 1 : 0, a.act + (int64_t{p0} + r) * width + tl.nt * 128,
-                    a.act_scale + int64_t{p0} * (width / 128) + int64_t{tl.nt} * m4 + r, 0);
-            }
-            mbar_arrive(&s.y_empty[cw]);
-        }
-    }
-}
-
-template <Epilogue kEpi, bool kSwiGlu>
+template <Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_fp8_kernel(const __grid_constant__ CUtensorMap map_x,
                        const __grid_constant__ CUtensorMap map_w,
                        const __grid_constant__ CUtensorMap map_w_last,
                        const __grid_constant__ OutMaps map_y, const Args a) {
-    constexpr int kStages = kStagesOf<kEpi, kSwiGlu>;
+    constexpr int kStages = kStagesOf<kEpi>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* const base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     Smem<kStages>& s = *reinterpret_cast<Smem<kStages>*>(base);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    // kSwiGlu: output tile nt is channels [128 nt, 128 nt + 128) of the activation, its two
-    // halves the gate rows 128 nt … and the up rows width + 128 nt … of w (two 128-row loads).
-    const int width = a.out / 2;
-    const int E = a.n_experts, n_tiles_n = kSwiGlu ? width / 128 : (a.out + kBN - 1) / kBN,
-              n_kb = a.in / kBK;
+    const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN, n_kb = a.in / kBK;
     if (threadIdx.x < 32) count_tiles(s.tile_first, a.pfirst, E, n_tiles_n);
     if (threadIdx.x == 32) {
         for (int i = 0; i < kStages; ++i) {
             mbar_init(&s.full[i], 1);
             mbar_init(&s.empty[i], kConsumerWarps);
-        }
-        for (int i = 0; i < 2; ++i) {
-            mbar_init(&s.y_full[i], 128);  // every thread of consumer i
-            mbar_init(&s.y_empty[i], 96);  // every SwiGLU worker
         }
         mbar_init_fence();
     }
@@ -290,11 +200,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int n_tiles = s.tile_first[E];
     if (wg == 0) {
         setmaxnreg_dec40();
-        if constexpr (kSwiGlu) {
-            if (tid >= 32)
-                swiglu_workers(s, smem_u32(base + kYOffset<kStages>), a, n_tiles_n, n_tiles,
-                               tid - 32);
-        }
         if (tid != 0) return;
         tma_prefetch_map(&map_x);
         tma_prefetch_map(&map_w);
@@ -304,8 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
             const bool last = a.ws_last && tl.e == E - 1;  // the expert held apart
             const int row0 = a.pfirst[tl.e] + tl.mt * kBM;
-            const int wbase = last ? 0 : tl.e * a.out;
-            const int wrow0 = wbase + tl.nt * (kSwiGlu ? 128 : kBN);
+            const int wrow0 = (last ? 0 : tl.e * a.out) + tl.nt * kBN;
             const CUtensorMap* mw = last ? &map_w_last : &map_w;
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
@@ -313,8 +217,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_arrive_expect_tx(&s.full[st], kABytes + kBBytes);
                 tma_load_2d(s.a[st], &map_x, &s.full[st], kb * kBK, row0);
                 tma_load_2d(s.b[st], mw, &s.full[st], kb * kBK, wrow0);
-                if constexpr (kSwiGlu)  // the up rows into the second half (128-row boxes)
-                    tma_load_2d(s.b[st] + kHalfBytes, mw, &s.full[st], kb * kBK, wrow0 + width);
             }
         }
         return;
@@ -323,19 +225,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int cw = wg - 1, warp = tid / 32, lane = tid % 32;
     const int ws_ld = (n_kb + 3) / 4 * 4;  // Tile128 scales: [out/128][round_up(in/128, 4)]
     int it = 0;  // k-blocks consumed by this block so far (the ring's position)
-    int k = 0;   // tiles (kSwiGlu: the parity of the staged tile's barriers)
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x, ++k) {
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
         const int p0 = a.pfirst[tl.e], m4 = a.pfirst[tl.e + 1] - p0;
         const int r0 = tl.mt * kBM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
         const int c0 = tl.nt * kBN;
-        // The tile's second 128 outputs exist (kSwiGlu: the up half, always).
-        const bool second = kSwiGlu || c0 + kBN / 2 < a.out;
+        const bool second = c0 + kBN / 2 < a.out;  // the tile's second 128 outputs exist
         const float* xs = a.xs + int64_t{p0} * n_kb;
-        // The weight scales of each half's 128 rows.
-        const float* ws_e = a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert;
-        const float* ws = ws_e + int64_t{kSwiGlu ? tl.nt : c0 / 128} * ws_ld;
-        const float* ws1 = kSwiGlu ? ws_e + int64_t{width / 128 + tl.nt} * ws_ld : ws + ws_ld;
+        const float* ws = (a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert) +
+                          int64_t{c0 / 128} * ws_ld;
         float acc[2][64], d[64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
@@ -346,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             nx0 = r0 < m4 ? xs[int64_t{kb} * m4 + r0] : 0.0f;
             nx1 = r1 < m4 ? xs[int64_t{kb} * m4 + r1] : 0.0f;
             nw0 = ws[kb];
-            nw1 = second ? ws1[kb] : 0.0f;
+            nw1 = second ? ws[ws_ld + kb] : 0.0f;
         };
         load_scales(0);
         for (int kb = 0; kb < n_kb; ++kb, ++it) {
@@ -377,13 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(&s.empty[st]);
         }
-        if constexpr (kSwiGlu) {
-            // The staged tile is free once the workers have read the previous one.
-            mbar_wait(&s.y_empty[cw], (k & 1) ^ 1);
-            stage_tile(acc, true, smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes),
-                       tid);
-            mbar_arrive(&s.y_full[cw]);
-        } else if constexpr (kEpi == Epilogue::Registers) {
+        if constexpr (kEpi == Epilogue::Registers) {
             __nv_bfloat16* y = a.y + int64_t{p0} * a.out + c0 + 2 * (lane % 4);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -407,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     }
     // The last tile's stores have finished before the block (and its shared memory) goes.
-    if constexpr (kEpi == Epilogue::TmaStore && !kSwiGlu)
+    if constexpr (kEpi == Epilogue::TmaStore)
         if (tid == 0) bulk_wait<0>();
 }
 
@@ -467,17 +359,16 @@ int multiprocessors() {
     return n;
 }
 
-template <Epilogue kEpi, bool kSwiGlu>
+template <Epilogue kEpi>
 void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_last,
             const OutMaps& my, const Args& a, cudaStream_t stream) {
     // Per call: the attribute belongs to the current device, and ranks may be threads of one
     // process on several GPUs.
-    constexpr size_t kBytes = kSmemBytes<kEpi, kSwiGlu>;
-    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi, kSwiGlu>,
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(kBytes)));
-    grouped_fp8_kernel<kEpi, kSwiGlu>
-        <<<multiprocessors(), kThreads, kBytes, stream>>>(mx, mw, mw_last, my, a);
+                                           int(kSmemBytes<kEpi>)));
+    grouped_fp8_kernel<kEpi>
+        <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, mw_last, my, a);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -502,14 +393,8 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                      g.n_pad < (int64_t{1} << 31),
                  "grouped fp8 GEMM: {} rows × {} × {} over {} experts is out of range", g.n_pad,
                  g.out, g.in, g.n_experts);
-    const bool swiglu = g.act != nullptr;
-    CPFILL_CHECK(
-        !swiglu || (g.out % 256 == 0 && g.act_scale != nullptr && g.act_row_scale != nullptr),
-        "grouped fp8 GEMM: the SwiGLU epilogue needs out = 2 · width with width a "
-        "multiple of 128 (out = {}), the activation scales and the rows' scales",
-        g.out);
-    const bool tma_store = !swiglu && g.epilogue == Epilogue::TmaStore;
-    CPFILL_CHECK(g.epilogue == Epilogue::TmaStore || g.epilogue == Epilogue::Registers,
+    const bool tma_store = g.epilogue == Epilogue::TmaStore;
+    CPFILL_CHECK(tma_store || g.epilogue == Epilogue::Registers,
                  "grouped fp8 GEMM: epilogue {} is neither Registers nor TmaStore",
                  static_cast<int>(g.epilogue));
     CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
@@ -520,12 +405,11 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  "grouped fp8 GEMM: the last expert's weights and scales are given together");
     if (g.n_pad == 0) return;
     const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, kBM);
-    // The routed experts' map (the last expert's when it is the only one: never read then). The
-    // SwiGLU epilogue loads the gate and up halves of a tile apart: 128-row boxes.
-    const int routed = apart ? g.n_experts - 1 : g.n_experts, box = swiglu ? kBN / 2 : kBN;
-    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, box)
-                                      : tile_map(g.w_last, g.out, g.in, box);
-    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, box) : mw;
+    // The routed experts' map (the last expert's when it is the only one: never read then).
+    const int routed = apart ? g.n_experts - 1 : g.n_experts;
+    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, kBN)
+                                      : tile_map(g.w_last, g.out, g.in, kBN);
+    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, kBN) : mw;
     OutMaps my{};
     if (tma_store) {
         my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
@@ -540,17 +424,11 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  g.ws_last,
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
-                 g.y,
-                 static_cast<uint8_t*>(g.act),
-                 g.act_scale,
-                 g.act_row_scale,
-                 g.swiglu_limit};
-    if (swiglu)
-        launch<Epilogue::Registers, true>(mx, mw, mw_last, my, a, stream);
-    else if (tma_store)
-        launch<Epilogue::TmaStore, false>(mx, mw, mw_last, my, a, stream);
+                 g.y};
+    if (tma_store)
+        launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
     else
-        launch<Epilogue::Registers, false>(mx, mw, mw_last, my, a, stream);
+        launch<Epilogue::Registers>(mx, mw, mw_last, my, a, stream);
 }
 
 }  // namespace cpfill::ops::cuda

@@ -43,17 +43,6 @@ struct GroupedFp8Gemm {
     const float* ws_last = nullptr;
     int64_t in = 0, out = 0;     // multiples of 128
     __nv_bfloat16* y = nullptr;  // [n_pad, out]: every padded row of every expert is written
-    // Set: the gate_up GEMM with the SwiGLU in its epilogue. w's rows are the gate [0, width) then
-    // the up projection [width, out) of each expert (out = 2 · width, width a multiple of 128),
-    // and instead of y the kernel writes what swiglu_quant_fp8_experts (ops/cuda/moe_fp8.h) would
-    // make of y, bit for bit: act e4m3 [n_pad, width] with expert e's scales one [width/128][m4_e]
-    // block at act_scale + pfirst[e] · width/128, the activations ready for the down GEMM. The
-    // bf16 gate and up values never reach memory. act_row_scale fp32 [n_pad]: each row's factor
-    // (routing weight; 0 on pad rows); swiglu_limit: the clamp (≤ 0: none). y and epilogue unused.
-    void* act = nullptr;
-    float* act_scale = nullptr;
-    const float* act_row_scale = nullptr;
-    float swiglu_limit = 0.0f;
     // TmaStore, the faster on the H200 (docs/fp8.md: 1,269 / 1,225 TFLOP/s against 1,142 / 957 at
     // the V4-Flash expert shapes); it needs y 16-byte aligned. Registers stays as the measured
     // baseline of bench/fp8_gemm_bench and the reference its tests compare bits against.
