@@ -102,6 +102,10 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
     CPFILL_CHECK(!options.cuda || !options.fp8_activations,
                  "fp8 activations on the CPU are a study of the CUDA backend's fp8 path; on "
                  "--device cuda use --weights fp8");
+    CPFILL_CHECK(!options.cuda || options.indexer_rounding == IndexerRounding::None,
+                 "indexer rounding {} is a CPU study of a low-precision indexer; the CUDA backend "
+                 "scores the indexer as it is built (expected none on --device cuda)",
+                 ops::indexer_rounding_name(options.indexer_rounding));
     if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
@@ -112,7 +116,10 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
         LoadStats stats;
         ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
         for (ModelWeights& rank : ranks_)
-            for (LayerWeights& L : rank.layers) L.fp8_activations = options.fp8_activations;
+            for (LayerWeights& L : rank.layers) {
+                L.fp8_activations = options.fp8_activations;
+                L.indexer_rounding = options.indexer_rounding;
+            }
         load_bytes_ = stats.stored_bytes;
         rank_bytes_ = ranks_.back().bytes();
     }

@@ -28,6 +28,10 @@ struct EngineOptions {
     // CUDA backend runs in fp8 as its fp8 path does (LayerWeights::fp8_activations), so that the
     // fp32 reference carries the same activation rounding as the GPU's fp8 run.
     bool fp8_activations = false;
+    // CPU only, a numerics study (docs/fp8.md, "The indexer's queries and keys rounded"): round
+    // the lightning indexer's queries and keys to fp8, or to the release's Hadamard + fp4, before
+    // it scores them (LayerWeights::indexer_rounding), to see whether its top-k selections hold.
+    IndexerRounding indexer_rounding = IndexerRounding::None;
 };
 
 struct RunOptions {

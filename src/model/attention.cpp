@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/fp8_act.h"
 #include "ops/indexer.h"
+#include "ops/indexer_round.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
 
@@ -68,6 +69,8 @@ void attn_queries(const LayerWeights& L, const ModelConfig& cfg, const RopeTable
     ops::linear_act(pool, L.fp8_activations, s.cq.data(), n, cfg.q_rank, A.idx_wq_b.f32(),
                     int64_t{nI} * dI, s.qI.data());
     ops::apply_rope(rope, s.qI.data(), n, int64_t{nI} * dI, nI, dI, rows.pos.data(), false);
+    // The study's rounding (LayerWeights::indexer_rounding), after RoPE as the keys' in kv_append.
+    ops::round_indexer_rows(L.indexer_rounding, s.qI.data(), n, int64_t{nI} * dI);
     ops::linear(pool, xn, n, D, A.idx_weights_proj.f32(), nI, s.wI.data());
     const float ws = 1.0f / std::sqrt(static_cast<float>(nI));
     for (float& v : s.wI) v *= ws;

@@ -72,10 +72,17 @@ void kv_append(LayerKv& kv, const LayerWeights& L, const ModelConfig& cfg,
         const int64_t first = kv.n_entries;
         compress_append(kv.main_tail, L.attn.compressor, cfg, rope, ratio, d, csa, packed, ld,
                         w.key, w.key + w.comp, n, after, first, kv.entries);
-        if (csa)
+        if (csa) {
             compress_append(kv.index_tail, L.attn.idx_compressor, cfg, rope, ratio,
                             cfg.index_head_dim, true, packed, ld, w.key + 2 * w.comp,
                             w.key + 2 * w.comp + w.index, n, after, first, kv.index_keys);
+            // The study's rounding (LayerWeights::indexer_rounding) of the entries just pooled,
+            // after kv_norm + RoPE: what the indexer will score them as.
+            const int64_t dI = cfg.index_head_dim, last = after / ratio;
+            if (last > first)
+                ops::round_indexer_rows(L.indexer_rounding, kv.index_keys.data() + first * dI,
+                                        last - first, dI);
+        }
         kv.n_entries = after / ratio;
     }
     kv.n_tokens = after;

@@ -10,8 +10,11 @@
 
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "ops/indexer_round.h"
 
 namespace cpfill {
+
+using ops::IndexerRounding;
 
 class Checkpoint;
 
@@ -61,6 +64,10 @@ struct LayerWeights {
     // (wq_a, wq_b, wkv, wo_a, wo_b, the indexer's wq_b, the experts) rounded to fp8 blocks as its
     // fp8 path does (ops/fp8_act.h; EngineOptions::fp8_activations).
     bool fp8_activations = false;
+    // A numerics study too: the indexer's queries (after RoPE) and keys (after kv_norm + RoPE, as
+    // stored) rounded as a low-precision indexer kernel would read them (ops/indexer_round.h;
+    // EngineOptions::indexer_rounding).
+    IndexerRounding indexer_rounding = IndexerRounding::None;
 };
 
 struct ExpertSlice {
