@@ -290,6 +290,13 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Four bf16 of the collapse v (as stored) normed: bf16(w · (x · inv)), as rmsnorm_kernel (norm.cu)
+// computes each; shared by both second kernels.
+__device__ __forceinline__ uint2 norm_bf16x4(uint2 v, float4 w, float inv) {
+    return make_uint2(bf16x2_bits(w.x * (bf16_lo(v.x) * inv), w.y * (bf16_hi(v.x) * inv)),
+                      bf16x2_bits(w.z * (bf16_lo(v.y) * inv), w.w * (bf16_hi(v.y) * inv)));
+}
+
 // Kernel 2: per token, the slices' sums from part fp32 [splits, rows, kVals] → post, comb (site
 // math of mhc_pre) and the collapse x = Σ_j pre_j · h[j] → y bf16; with kNorm, y ← rmsnorm(y) ·
 // norm_w as rmsnorm_kernel (norm.cu) computes it. kVec: float4 h / norm_w, 8-byte y.
@@ -376,11 +383,7 @@ __global__ void __launch_bounds__(kThreads)
                 for (int64_t d = threadIdx.x; d < d_model / 4; d += kThreads) {
                     const uint2 v = y4[d];  // written by this thread above
                     const float4 w = __ldg(w4 + d);
-                    __stwb(
-                        y4 + d,
-                        make_uint2(
-                            bf16x2_bits(w.x * (bf16_lo(v.x) * inv), w.y * (bf16_hi(v.x) * inv)),
-                            bf16x2_bits(w.z * (bf16_lo(v.y) * inv), w.w * (bf16_hi(v.y) * inv))));
+                    __stwb(y4 + d, norm_bf16x4(v, w, inv));
                 }
             } else {
                 for (int64_t d = threadIdx.x; d < d_model; d += kThreads)
@@ -458,8 +461,7 @@ __global__ void __launch_bounds__(kStreamThreads, 4)
             uint2 v = x[g];
             if constexpr (kNorm) {  // as rmsnorm_kernel (norm.cu)
                 const float4 w = __ldg(reinterpret_cast<const float4*>(norm_w) + d);
-                v = make_uint2(bf16x2_bits(w.x * (bf16_lo(v.x) * inv), w.y * (bf16_hi(v.x) * inv)),
-                               bf16x2_bits(w.z * (bf16_lo(v.y) * inv), w.w * (bf16_hi(v.y) * inv)));
+                v = norm_bf16x4(v, w, inv);
             }
             __stwb(yt + d, v);
         }
