@@ -22,13 +22,9 @@
 //   next tile computes. Boxes are 64 outputs wide: 64 rows when all the consumer's rows are in
 //   the expert, else 8-row boxes and one 4-row box at the end (padded blocks are multiples of 4
 //   rows, so no box crosses into the next expert; every box starts on a 1024-byte swizzle atom).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <mutex>
-
 #include "core/error.h"
 #include "ops/cuda/grouped_fp8.h"
+#include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
 #include "runtime/cuda/cuda_check.h"
 
@@ -303,36 +299,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0) bulk_wait<0>();
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    static std::once_flag once;
-    std::call_once(once, [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q{};
-        CPFILL_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                           cudaEnableDefault, &q));
-        CPFILL_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr,
-                     "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or later "
-                     "is needed)");
-        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    });
-    return fn;
-}
-
-// A row-major e4m3 matrix [rows, cols] read in boxes of box_rows × 128 bytes, 128-byte swizzle,
-// zeros past the last row.
+// A row-major e4m3 matrix [rows, cols] read in boxes of box_rows × 128 bytes (kBK).
 CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows) {
-    CUtensorMap m{};
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};
-    const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)}, elem[2] = {1, 1};
-    const CUresult r =
-        encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
-                    box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    CPFILL_CHECK(r == CUDA_SUCCESS, "grouped fp8 GEMM: tensor map of {} × {} bytes refused ({})",
-                 rows, cols, static_cast<int>(r));
-    return m;
+    return e4m3_tile_map(base, rows, cols, box_rows, "grouped fp8 GEMM");
 }
 
 // bf16 y [rows, cols] written in boxes of box_rows × 64 outputs (128 bytes) from shared memory in
@@ -343,9 +312,9 @@ CUtensorMap out_map(__nv_bfloat16* y, int64_t rows, int64_t cols, int box_rows) 
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
     const cuuint32_t box[2] = {kYChunkCols, static_cast<cuuint32_t>(box_rows)}, elem[2] = {1, 1};
     const CUresult r =
-        encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims, strides, box, elem,
-                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims, strides, box, elem,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     CPFILL_CHECK(r == CUDA_SUCCESS,
                  "grouped fp8 GEMM: output tensor map of {} × {} bf16, {}-row boxes, refused ({})",
                  rows, cols, box_rows, static_cast<int>(r));
