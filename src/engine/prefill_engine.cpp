@@ -103,8 +103,9 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "fp8 activations on the CPU are a study of the CUDA backend's fp8 path; on "
                  "--device cuda use --weights fp8");
     CPFILL_CHECK(!options.cuda || options.indexer_rounding == IndexerRounding::None,
-                 "indexer rounding {} is a CPU study of a low-precision indexer; the CUDA backend "
-                 "scores the indexer as it is built (expected none on --device cuda)",
+                 "indexer rounding {} is a CPU study of a low-precision indexer; on --device cuda "
+                 "the indexer's precision follows --weights (fp8 for fp8 and fp4 weights; "
+                 "expected none)",
                  ops::indexer_rounding_name(options.indexer_rounding));
     if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;

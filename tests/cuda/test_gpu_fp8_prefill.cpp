@@ -35,14 +35,16 @@ const std::string& checkpoint_dir() {
     return path;
 }
 
-// device_weights: "cpu", "cpu-fp8" (the CPU with the fp8 path's activation rounding,
-// EngineOptions::fp8_activations) or a --weights value for the GPU.
+// device_weights: "cpu", "cpu-fp8" (the CPU with the fp8 path's roundings: its activations,
+// EngineOptions::fp8_activations, and its indexer's queries and keys, indexer_rounding Fp8) or a
+// --weights value for the GPU.
 RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
               ExpertGemm experts = ExpertGemm::Auto) {
     EngineOptions eo;
     eo.threads = 2;
     eo.cuda = device_weights.rfind("cpu", 0) != 0;
     eo.fp8_activations = device_weights == "cpu-fp8";
+    if (eo.fp8_activations) eo.indexer_rounding = IndexerRounding::Fp8;
     if (eo.cuda) eo.weights = device_weights;
     PrefillEngine engine(checkpoint_dir(), eo);
     RunOptions o;

@@ -9,6 +9,11 @@
 // unsorted positions, eligible counts on both sides of the scoring kernel's 16-key, 128-key and
 // 2048-entry steps and of the top-k kernel's 24576-entry cache. DISABLED_ timing tests at 64k and
 // 128k tokens print the scoring rate and the top-k time apart.
+// The fp8 indexer (IndexerPrecision::Fp8) runs the same cases against the CPU on the queries and
+// keys rounded to e4m3 per row (scale amax / 448, as ops::round_indexer_rows(Fp8)): its sets may
+// differ only by near-ties within 1e-3 of the scale (Hopper's fp8 MMAs add with fewer bits than
+// fp32), and where all queries run in one chunk every eligible score must be within 2e-3 of its
+// row's largest magnitude of the CPU's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,8 +21,10 @@
 #include <cstring>
 #include <set>
 
+#include "core/dtype.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/indexer_fp8.h"
 #include "ops/indexer.h"
 
 namespace cpfill {
@@ -77,6 +84,23 @@ HostIndexer make_inputs(int n_heads, int dim, int64_t n_ent, int64_t top_k, bool
     return h;
 }
 
+// Each row of `dim` values rounded to e4m3 with the scale amax / 448 (1 when all are 0): the fp8
+// indexer's quantisation, a 128-channel block being the whole row (dim ≤ 128).
+void round_rows_e4m3(std::vector<float>& v, int dim) {
+    for (size_t r = 0; r < v.size(); r += dim) {
+        float amax = 0.0f;
+        for (int j = 0; j < dim; ++j) amax = std::max(amax, std::abs(v[r + j]));
+        const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (int j = 0; j < dim; ++j) v[r + j] = e4m3_to_f32(f32_to_e4m3(v[r + j] / s)) * s;
+    }
+}
+
+HostIndexer rounded_e4m3(HostIndexer h) {
+    round_rows_e4m3(h.q, h.dim);
+    round_rows_e4m3(h.keys, h.dim);
+    return h;
+}
+
 // `total` bytes on the device holding src's first `period` bytes over and over.
 cuda::DeviceBuffer repeat(cuda::DeviceBuffer src, size_t period, size_t total) {
     if (period >= total) return src;
@@ -95,14 +119,16 @@ struct DeviceIndexer {
     int64_t scores_floats = 0;
     ops::cuda::IndexerArgs args;
 
-    DeviceIndexer(const HostIndexer& h, int64_t scratch_rows) {
+    DeviceIndexer(const HostIndexer& h, int64_t scratch_rows,
+                  ops::cuda::IndexerPrecision precision = ops::cuda::IndexerPrecision::Bf16) {
         const int64_t n_q = h.n_q(), hd = int64_t{h.n_heads} * h.dim;
         q = repeat(cuda::upload_bf16(h.q.data(), h.q.size()), h.q.size() * 2, n_q * hd * 2);
         w = repeat(upload(h.w), h.w.size() * 4, n_q * h.n_heads * 4);
         keys = cuda::upload_bf16(h.keys.data(), std::max<size_t>(h.keys.size(), 1));
         pos = upload(h.pos);
         idx = cuda::DeviceBuffer(n_q * h.top_k * 4);
-        scores_floats = (scratch_rows ? scratch_rows : n_q) * std::max<int64_t>(h.n_ent, 1);
+        scores_floats = ops::cuda::indexer_scratch_floats(precision, h.n_ent,
+                                                          scratch_rows ? scratch_rows : n_q);
         scores = cuda::DeviceBuffer(scores_floats * 4);
         args.q = q.as<__nv_bfloat16>();
         args.weight = w.as<float>();
@@ -116,6 +142,7 @@ struct DeviceIndexer {
         args.top_k = h.top_k;
         args.scale = h.scale;
         args.idx = idx.as<int32_t>();
+        args.precision = precision;
     }
 
     std::vector<int32_t> run() {
@@ -131,7 +158,8 @@ struct DeviceIndexer {
 // layout (ascending indices, then −1) and the set, equal or differing only by near-ties (never
 // for `exact` data). Adds the near-tie swaps to *near_ties.
 void expect_cpu_sets(const HostIndexer& h, const std::vector<int32_t>& got,
-                     const std::vector<int64_t>& which, bool exact, int64_t* near_ties) {
+                     const std::vector<int64_t>& which, bool exact, int64_t* near_ties,
+                     float near = 1e-4f, const std::vector<float>* gpu_scores = nullptr) {
     std::vector<int32_t> ref(h.top_k);
     std::vector<float> scratch;
     for (int64_t i : which) {
@@ -144,6 +172,14 @@ void expect_cpu_sets(const HostIndexer& h, const std::vector<int32_t>& got,
         const int32_t* g = got.data() + i * h.top_k;
         SCOPED_TRACE(testing::Message() << "query " << i << " at position " << h.pos[i] << ", "
                                         << elig << " eligible");
+        float scale_s = 0;
+        for (int64_t e = 0; e < elig; ++e) scale_s = std::max(scale_s, std::abs(s_cpu[e]));
+        if (gpu_scores) {  // every eligible score, against the row's largest magnitude
+            const float* sg = gpu_scores->data() + i * h.n_ent;
+            for (int64_t e = 0; e < elig; ++e)
+                ASSERT_LE(std::abs(sg[e] - s_cpu[e]), 2e-3f * scale_s)
+                    << "score of entry " << e << ": " << sg[e] << " against " << s_cpu[e];
+        }
         for (int64_t j = 0; j < h.top_k; ++j) {
             if (j < k) {
                 ASSERT_GE(g[j], 0) << "slot " << j << " of " << k;
@@ -158,12 +194,10 @@ void expect_cpu_sets(const HostIndexer& h, const std::vector<int32_t>& got,
         std::set<int32_t> a_set(g, g + k), b_set(ref.begin(), ref.begin() + k);
         if (a_set == b_set) continue;
         ASSERT_FALSE(exact) << "exact scores, yet the sets differ";
-        float scale_s = 0;
-        for (int64_t e = 0; e < elig; ++e) scale_s = std::max(scale_s, std::abs(s_cpu[e]));
         const float kth = s_cpu[ref[k - 1]];
         for (int32_t e : a_set)
             if (!b_set.count(e)) {
-                EXPECT_LE(std::abs(s_cpu[e] - kth), 1e-4f * scale_s) << "entry " << e;
+                EXPECT_LE(std::abs(s_cpu[e] - kth), near * scale_s) << "entry " << e;
                 ++*near_ties;
             }
     }
@@ -222,9 +256,8 @@ std::vector<int64_t> reversed(std::vector<int64_t> p) {
     return p;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, CudaIndexer,
-    ::testing::Values(
+std::vector<IndexerCase> indexer_cases() {
+    return {
         IndexerCase{4, 128, 400, 16, true, 0, edges()},   // tiny preset, exact ties
         IndexerCase{64, 128, 400, 16, true, 3, edges()},  // 64 heads, chunks of 3 queries
         IndexerCase{17, 64, 3000, 100, true, 0, positions(0, 3000, 37)},
@@ -244,7 +277,36 @@ INSTANTIATE_TEST_SUITE_P(
         // Exact ties across the top-k cache (24576 entries); random data at the 64k shape in
         // chunks of 2.
         IndexerCase{8, 64, 100000, 512, true, 0, {99999, 98303, 98307, 65535, 40003, 2051, 8191}},
-        IndexerCase{64, 128, 66000, 512, false, 2, {65999, 65535, 65540, 30000, 12}}));
+        IndexerCase{64, 128, 66000, 512, false, 2, {65999, 65535, 65540, 30000, 12}}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaIndexer, ::testing::ValuesIn(indexer_cases()));
+
+class CudaIndexerFp8 : public ::testing::TestWithParam<IndexerCase> {};
+
+TEST_P(CudaIndexerFp8, SelectsTheCpuSetOfE4m3Rows) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    if (!ops::cuda::indexer_fp8::supported()) GTEST_SKIP() << "needs compute capability 9.0";
+    const IndexerCase c = GetParam();
+    SCOPED_TRACE(testing::Message()
+                 << "fp8: heads " << c.n_heads << ", dim " << c.dim << ", tokens " << c.n_tokens
+                 << ", top_k " << c.top_k << ", integer " << c.integer << ", chunk rows "
+                 << c.scratch_rows << ", seeds 80-82");
+    const HostIndexer h = make_inputs(c.n_heads, c.dim, c.n_tokens / kRatio, c.top_k, c.integer,
+                                      c.pos, static_cast<int64_t>(c.pos.size()));
+    DeviceIndexer d(h, c.scratch_rows, ops::cuda::IndexerPrecision::Fp8);
+    const std::vector<int32_t> got = d.run();
+    std::vector<int64_t> all(h.n_q());
+    for (int64_t i = 0; i < h.n_q(); ++i) all[i] = i;
+    std::vector<float> scores;  // one chunk: every query's scores are still in the scratch
+    if (c.scratch_rows == 0) scores = download<float>(d.scores, h.n_q() * h.n_ent);
+    int64_t near_ties = 0;
+    expect_cpu_sets(rounded_e4m3(h), got, all, false, &near_ties, 1e-3f,
+                    c.scratch_rows == 0 ? &scores : nullptr);
+    if (near_ties) std::printf("[ info ] %lld near-tie swaps\n", static_cast<long long>(near_ties));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaIndexerFp8, ::testing::ValuesIn(indexer_cases()));
 
 struct SplitTimes {
     double all_ms = 0, score_ms = 0, topk_ms = 0;
@@ -276,7 +338,7 @@ SplitTimes time_split(const DeviceIndexer& d) {
         CPFILL_CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &p));
         const char* name = "";
         CPFILL_CUDA_CHECK(cudaFuncGetName(&name, p.func));
-        const int g = std::strstr(name, "score") ? 1 : 2;
+        const int g = std::strstr(name, "score") || std::strstr(name, "quantize") ? 1 : 2;
         cudaGraphNode_t added;
         CPFILL_CUDA_CHECK(cudaGraphAddKernelNode(&added, graphs[g], tail[g] ? &tail[g] : nullptr,
                                                  tail[g] ? 1 : 0, &p));
@@ -297,24 +359,27 @@ SplitTimes time_split(const DeviceIndexer& d) {
 // One CSA layer's indexer over a whole request of n_tokens (queries at positions 0 … n_tokens −
 // 1, ratio 4, 64 heads × 128, top-512) with the engine's scratch of 2^26 floats; FLOPs counted as
 // 2 · n_heads · dim per (query, eligible entry). Also checks a few queries against the CPU.
-void time_context(int64_t n_tokens) {
+void time_context(int64_t n_tokens, ops::cuda::IndexerPrecision precision) {
     const int64_t period = 2048;  // distinct queries, repeated
+    const bool fp8 = precision == ops::cuda::IndexerPrecision::Fp8;
     HostIndexer h =
         make_inputs(64, 128, n_tokens / kRatio, 512, false, positions(0, n_tokens, 1), period);
-    DeviceIndexer d(h, (int64_t{1} << 26) / h.n_ent);
+    const int64_t chunk = (int64_t{1} << 26) / h.n_ent;
+    DeviceIndexer d(h, chunk, precision);
     const std::vector<int32_t> got = d.run();
     int64_t near_ties = 0;
-    expect_cpu_sets(h, got, {n_tokens - 1, n_tokens / 2 + 3, 4097, 2049, 100, 5}, false,
-                    &near_ties);
+    expect_cpu_sets(fp8 ? rounded_e4m3(h) : h, got,
+                    {n_tokens - 1, n_tokens / 2 + 3, 4097, 2049, 100, 5}, false, &near_ties,
+                    fp8 ? 1e-3f : 1e-4f);
     double flops = 0;
     for (int64_t i = 0; i < h.n_q(); ++i) flops += 2.0 * h.n_heads * h.dim * h.eligible(i);
     const SplitTimes t = time_split(d);
-    const int64_t chunk = d.scores_floats / h.n_ent;
     std::printf(
-        "[ timing ] indexer %lld tokens (%lld queries x %lld entries, %lld per chunk), 64 heads x "
+        "[ timing ] %s indexer %lld tokens (%lld queries x %lld entries, %lld per chunk), 64 heads "
+        "x "
         "128, top-512: call %.2f ms (%.1f TFLOP/s); scoring %.2f ms = %.1f TFLOP/s; top-k %.2f "
         "ms; %lld near-tie swaps in the checked queries\n",
-        static_cast<long long>(n_tokens), static_cast<long long>(h.n_q()),
+        fp8 ? "fp8" : "bf16", static_cast<long long>(n_tokens), static_cast<long long>(h.n_q()),
         static_cast<long long>(h.n_ent), static_cast<long long>(chunk), t.all_ms,
         flops / (t.all_ms * 1e-3) / 1e12, t.score_ms, flops / (t.score_ms * 1e-3) / 1e12, t.topk_ms,
         static_cast<long long>(near_ties));
@@ -322,12 +387,22 @@ void time_context(int64_t n_tokens) {
 
 TEST(CudaIndexerTiming, DISABLED_Context64k) {
     CPFILL_SKIP_WITHOUT_GPU();
-    time_context(65536);
+    time_context(65536, ops::cuda::IndexerPrecision::Bf16);
 }
 
 TEST(CudaIndexerTiming, DISABLED_Context128k) {
     CPFILL_SKIP_WITHOUT_GPU();
-    time_context(131072);
+    time_context(131072, ops::cuda::IndexerPrecision::Bf16);
+}
+
+TEST(CudaIndexerTiming, DISABLED_Context64kFp8) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    time_context(65536, ops::cuda::IndexerPrecision::Fp8);
+}
+
+TEST(CudaIndexerTiming, DISABLED_Context128kFp8) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    time_context(131072, ops::cuda::IndexerPrecision::Fp8);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "model/weight_bytes.h"
 #include "ops/cuda/fp4.h"
 #include "ops/cuda/fp8.h"
+#include "ops/cuda/indexer_fp8.h"
 #include "ops/cuda/stored_decode.h"
 #include "ops/rope.h"
 #include "runtime/cuda/cuda_check.h"
@@ -684,6 +685,12 @@ bool GpuWeights::experts_fp4() const {
     for (const GpuLayer& l : layers)
         if (l.w13.fp4()) return true;
     return false;
+}
+
+bool GpuWeights::indexer_fp8() const { return indexer_fp8_for(format); }
+
+bool indexer_fp8_for(GpuWeightFormat format) {
+    return format != GpuWeightFormat::Bf16 && ops::cuda::indexer_fp8::supported();
 }
 
 GpuWeights upload_top(const ModelWeights& host, GpuWeightFormat format) {

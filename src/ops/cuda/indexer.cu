@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/indexer_fp8.h"
 #include "ops/cuda/ptx.cuh"
 #include "runtime/cuda/cuda_check.h"
 
@@ -290,7 +291,46 @@ __global__ void __launch_bounds__(kTopkThreads, 3)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The Fp8 scratch, in bytes from its start, each part 1024-byte aligned: the chunk's scores
+// [rows, n_entries] fp32, its queries q8 [rows, 64, 128] and folded weights [rows, 64], the keys
+// k8 [n_entries, 128] and their factors [n_entries].
+struct Fp8Layout {
+    int64_t q8 = 0, wq = 0, k8 = 0, kf = 0, end = 0;
+};
+
+int64_t align1024(int64_t b) { return (b + 1023) / 1024 * 1024; }
+
+Fp8Layout fp8_layout(int64_t n_entries, int64_t rows) {
+    namespace f8 = indexer_fp8;
+    Fp8Layout l;
+    l.q8 = align1024(rows * n_entries * 4);
+    l.wq = align1024(l.q8 + rows * f8::kPadHeads * f8::kRowBytes);
+    l.k8 = align1024(l.wq + rows * f8::kPadHeads * 4);
+    l.kf = align1024(l.k8 + n_entries * f8::kRowBytes);
+    l.end = l.kf + n_entries * 4;
+    return l;
+}
+
+// Rows of an Fp8 chunk that `bytes` of scratch holds (0 when not even one): the largest with
+// fp8_layout(n_entries, rows).end ≤ bytes, by bisection (end grows with rows; the alignment makes
+// an estimate per row come out a row short at times).
+int64_t fp8_rows_fitting(int64_t n_entries, int64_t bytes) {
+    if (fp8_layout(n_entries, 1).end > bytes) return 0;
+    int64_t lo = 1, hi = bytes / (n_entries * 4) + 1;  // end(lo) ≤ bytes < end(hi)
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (fp8_layout(n_entries, mid).end <= bytes ? lo : hi) = mid;
+    }
+    return lo;
+}
+
 }  // namespace
+
+int64_t indexer_scratch_floats(IndexerPrecision precision, int64_t n_entries, int64_t rows) {
+    const int64_t n_ent = std::max<int64_t>(n_entries, 1), r = std::max<int64_t>(rows, 1);
+    if (precision == IndexerPrecision::Bf16) return r * n_ent;
+    return (fp8_layout(n_ent, r).end + 3) / 4;
+}
 
 void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cudaStream_t stream) {
     if (a.n_q == 0) return;
@@ -305,9 +345,27 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
     CPFILL_CHECK(aligned16(a.q) && aligned16(a.keys),
                  "indexer on CUDA: q and keys must be 16-byte aligned");
     const int64_t n_ent = std::max<int64_t>(a.n_entries, 1);
-    CPFILL_CHECK(scores_floats >= n_ent, "indexer: scores scratch of {} floats, need ≥ {}",
-                 scores_floats, n_ent);
-    const int64_t chunk = std::min<int64_t>({scores_floats / n_ent, a.n_q, int64_t{1} << 30});
+    const bool fp8 = a.precision == IndexerPrecision::Fp8;
+    CPFILL_CHECK(fp8 || a.precision == IndexerPrecision::Bf16,
+                 "indexer on CUDA: precision {} is neither bf16 nor fp8",
+                 static_cast<int>(a.precision));
+    CPFILL_CHECK(!fp8 || indexer_fp8::supported(),
+                 "the fp8 indexer needs a GPU of compute capability 9.0 (Hopper); use the bf16 "
+                 "indexer on this GPU");
+    const int64_t need = indexer_scratch_floats(a.precision, n_ent, 1);
+    CPFILL_CHECK(scores_floats >= need, "indexer: scores scratch of {} floats, need ≥ {}",
+                 scores_floats, need);
+    const int64_t fit = fp8 ? fp8_rows_fitting(n_ent, scores_floats * 4) : scores_floats / n_ent;
+    const int64_t chunk = std::min<int64_t>({fit, a.n_q, int64_t{1} << 30});
+    const Fp8Layout lay = fp8 ? fp8_layout(n_ent, chunk) : Fp8Layout{};
+    uint8_t* const raw = reinterpret_cast<uint8_t*>(scores);
+    uint8_t* const q8 = raw + lay.q8;
+    float* const wq = reinterpret_cast<float*>(raw + lay.wq);
+    uint8_t* const k8 = raw + lay.k8;
+    float* const kf = reinterpret_cast<float*>(raw + lay.kf);
+    if (fp8)  // the keys once (their factor carries the scale dim^−½), then each chunk's queries
+        indexer_fp8::quantize_rows(a.keys, a.dim, 1, 1, a.n_entries, nullptr, a.scale, k8, kf,
+                                   stream);
     const int64_t n_splits = (a.n_entries + kSplit - 1) / kSplit;
     const int64_t groups = (chunk + kQueries - 1) / kQueries;
     CPFILL_CHECK(groups * n_splits <= 0x7fffffff,
@@ -321,7 +379,13 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
         cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, topk_smem));
     for (int64_t t0 = 0; t0 < a.n_q; t0 += chunk) {
         const int64_t rows = std::min(chunk, a.n_q - t0);
-        if (n_splits > 0) {
+        if (fp8 && a.n_entries > 0) {
+            indexer_fp8::quantize_rows(a.q + t0 * a.n_heads * a.dim, a.dim, a.n_heads,
+                                       indexer_fp8::kPadHeads, rows * indexer_fp8::kPadHeads,
+                                       a.weight + t0 * a.n_heads, 1.0f, q8, wq, stream);
+            indexer_fp8::score(q8, wq, a.pos + t0, rows, k8, kf, a.n_entries, a.ratio, scores,
+                               stream);
+        } else if (n_splits > 0) {
             const int64_t blocks = (rows + kQueries - 1) / kQueries * n_splits;
             score_kernel<<<static_cast<unsigned>(blocks), kScoreThreads, score_smem, stream>>>(
                 a.q + t0 * a.n_heads * a.dim, a.weight + t0 * a.n_heads, a.pos + t0, rows,

@@ -11,6 +11,11 @@
 
 namespace cpfill::ops::cuda {
 
+// How the scores are computed: bf16 operands on mma.sync, or the queries' head rows and the keys
+// rounded to e4m3 per row of 128 channels (ops::round_indexer_rows(Fp8) on the CPU) and scored by
+// a Hopper kernel (ops/cuda/indexer_fp8.h; compute capability 9.0). fp32 sums either way.
+enum class IndexerPrecision { Bf16, Fp8 };
+
 struct IndexerArgs {
     const __nv_bfloat16* q = nullptr;  // [n_q, n_heads, dim] indexer queries, RoPE applied
     const float* weight = nullptr;  // fp32 [n_q, n_heads] head weights (already × n_heads^−½)
@@ -24,13 +29,19 @@ struct IndexerArgs {
     int64_t top_k = 0;
     float scale = 0.0f;      // dim^−½
     int32_t* idx = nullptr;  // [n_q, top_k] out: the selected entries in ascending order, then −1
+    IndexerPrecision precision = IndexerPrecision::Bf16;
 };
 
-// scores: fp32 scratch of at least n_entries floats; queries run in chunks of
-// scores_floats / n_entries rows (give n_q · n_entries to do all in one pass). q and keys must be
-// 16-byte aligned. Scores come from bf16 operands with fp32 accumulation on tensor cores;
-// near-ties may select differently from the fp32 CPU backend (docs/design.md §3), exact ties never
-// do.
+// Floats of scratch that indexer_topk needs to run `rows` queries per chunk over n_entries
+// entries: their scores, and for Fp8 also the quantised keys (fixed) and the chunk's quantised
+// queries.
+int64_t indexer_scratch_floats(IndexerPrecision precision, int64_t n_entries, int64_t rows);
+
+// scores: fp32 scratch of at least indexer_scratch_floats(precision, n_entries, 1) floats; queries
+// run in chunks of as many rows as it holds (indexer_scratch_floats(…, n_q) does all in one pass;
+// the chunk's scores start at scores[0]). q and keys must be 16-byte aligned. Scores come from
+// bf16 (or e4m3) operands with fp32 accumulation on tensor cores; near-ties may select differently
+// from the fp32 CPU backend (docs/design.md §3), exact ties never do.
 void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cudaStream_t stream);
 
 }  // namespace cpfill::ops::cuda

@@ -4,6 +4,7 @@
 
 #include "model/kv_store.h"
 #include "ops/cuda/fp4.h"
+#include "ops/cuda/indexer.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
@@ -40,14 +41,16 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
     for (const auto& r : *plan.requests) d.max_len = std::max<int64_t>(d.max_len, r.size());
     d.n_wanted = opt.all_logits ? d.T : static_cast<int64_t>(plan.requests->size());
     d.logit_rows = std::clamp<int64_t>((int64_t{256} << 20) / (cfg.vocab_size * 4), 1, d.n_wanted);
-    const int64_t max_entries = d.max_len / std::max(1, cfg.csa_ratio) + 1;
-    d.scores = std::max(max_entries, std::min(d.n_max * max_entries, int64_t{1} << 26));
+    d.index_entries = d.max_len / std::max(1, cfg.csa_ratio) + 1;
+    d.score_rows =
+        std::clamp<int64_t>((int64_t{1} << 26) / d.index_entries, 1, std::max<int64_t>(d.n_max, 1));
     return d;
 }
 
 // The workspace of one run, carved in one fixed order from an arena (or counted).
 WeightNeeds needs_of(const GpuWeights& w) {
     WeightNeeds n{w.dense_fp8(), w.experts_fp8(), w.experts_fp4()};
+    n.indexer_fp8 = w.indexer_fp8();
     n.shared_apart = false;
     for (const GpuLayer& L : w.layers) {
         const bool folded = shared_expert_folded(L);
@@ -60,6 +63,7 @@ WeightNeeds needs_of(const GpuWeights& w) {
 WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format) {
     WeightNeeds n;
     if (format == GpuWeightFormat::Bf16) return n;
+    n.indexer_fp8 = indexer_fp8_for(format);
     // Per layer: its routed experts fp8 or fp4, its shared expert's matrices all fp8.
     std::vector<char> routed(cfg.n_layers, 0), shared(cfg.n_layers, 1);
     for (const WeightSpec& spec : weight_specs(cfg)) {
@@ -137,8 +141,10 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     s.qI = a.template take<bf16>(n * cfg.index_n_heads * cfg.index_head_dim);
     s.wI = a.template take<float>(n * cfg.index_n_heads);
     s.topk = a.template take<int32_t>(n * cfg.index_topk);
-    s.scores = a.template take<float>(d.scores);
-    s.scores_floats = d.scores;
+    s.scores_floats = oc::indexer_scratch_floats(
+        needs.indexer_fp8 ? oc::IndexerPrecision::Fp8 : oc::IndexerPrecision::Bf16, d.index_entries,
+        d.score_rows);
+    s.scores = a.template take<float>(s.scores_floats);
     s.win_pos_csa = a.template take<int64_t>(d.max_len / cfg.csa_ratio + 1);
     s.win_pos_hca = a.template take<int64_t>(d.max_len / cfg.hca_ratio + 1);
     GpuMoeScratch& m = w.moe;

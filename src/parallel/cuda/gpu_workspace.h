@@ -51,7 +51,8 @@ struct SubState {
 // longest request, which the KV store holds whole).
 struct Dims {
     int64_t n_max = 0, p_max = 0, w_max = 0, T = 0, max_len = 0, n_wanted = 0, logit_rows = 0;
-    int64_t scores = 0;
+    // The indexer's scratch: queries per chunk of scores over the longest request's entries.
+    int64_t score_rows = 0, index_entries = 0;
     int64_t sub_n[2] = {0, 0}, sub_p[2] = {0, 0};  // local and padded rows per sub-batch
     int64_t carry = 0;  // packed rows carried from one chunk to the next (0: one chunk)
 };
@@ -71,6 +72,9 @@ struct WeightNeeds {
     // Some layer's shared expert runs as expert E of the fp8 experts (shared_expert_folded), or
     // on its own (the *_shared buffers and acc of GpuMoeScratch).
     bool shared_folded = false, shared_apart = true;
+    // The indexer scores in fp8 (GpuWeights::indexer_fp8): its scratch also holds the quantised
+    // keys and queries.
+    bool indexer_fp8 = false;
 };
 WeightNeeds needs_of(const GpuWeights& w);
 // The same before the weights exist (the memory plan), from the weight table.
