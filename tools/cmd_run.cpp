@@ -101,6 +101,7 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
                     {"arena_grow_s", r.gpu.arena_seconds},
                     {"weight_bytes_per_gpu", r.gpu.weight_bytes},
                     {"weights", gpu_weight_format_name(engine.gpu_weight_format())},
+                    {"indexer", ws.indexer_fp8 ? "fp8" : "bf16"},
                     {"fp8_values", ws.fp8_values},
                     {"fp8_inexact_values", ws.fp8_inexact}};
         // The load's parts: the GPU group's set-up (contexts, NCCL), the upload of the weights (the
@@ -338,7 +339,8 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
         engine.load_seconds(), a.no_warmup ? "off" : fmt::format("{:.3f} s", warmup_s),
         r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
         a.device == "cuda"
-            ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
+            ? fmt::format("CUDA {}, {} indexer", gpu_weight_format_name(engine.gpu_weight_format()),
+                          engine.gpu_weight_stats().indexer_fp8 ? "fp8" : "bf16")
             : std::string("CPU fp32"),
         a.cp, r.out.tbo_used ? "on" : "off");
     if (r.out.chunk > 0) fmt::print("in chunks of {} tokens\n", r.out.chunk);

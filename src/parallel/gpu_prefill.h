@@ -186,10 +186,12 @@ class GpuGroup {
     int64_t prepare_expert_plans(int64_t max_rows);
 
     // The local ranks' weights: the largest rank's device bytes, and the fp8 values quantised and
-    // those not exact (GpuWeights::fp8_inexact) summed over the ranks.
+    // those not exact (GpuWeights::fp8_inexact) summed over the ranks; whether the indexer scores
+    // in fp8 (GpuWeights::indexer_fp8: fp8 or fp4 weights on Hopper).
     struct WeightStats {
         size_t bytes = 0;
         uint64_t fp8_values = 0, fp8_inexact = 0;
+        bool indexer_fp8 = false;
     };
     WeightStats weight_stats() const;
 

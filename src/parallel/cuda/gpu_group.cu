@@ -345,6 +345,7 @@ GpuGroup::WeightStats GpuGroup::weight_stats() const {
         s.bytes = std::max(s.bytes, r->weights->bytes);
         s.fp8_values += r->weights->fp8_values;
         s.fp8_inexact += r->weights->fp8_inexact;
+        s.indexer_fp8 = r->weights->indexer_fp8();
     }
     return s;
 }
