@@ -27,6 +27,7 @@
 #include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/sm90.h"
 
 namespace cpfill::ops::cuda {
 
@@ -343,14 +344,7 @@ void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_
 
 }  // namespace
 
-bool grouped_fp8_supported() {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-        return false;
-    return major == 9 && minor == 0;
-}
+bool grouped_fp8_supported() { return ::cpfill::cuda::current_device_is_sm90(); }
 
 void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
     CPFILL_CHECK(g.in % 128 == 0 && g.out % 128 == 0 && g.in > 0 && g.out > 0,

@@ -24,6 +24,7 @@
 #include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/sm90.h"
 
 namespace cpfill::ops::cuda::indexer_fp8 {
 
@@ -205,14 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-bool supported() {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-        return false;
-    return major == 9 && minor == 0;
-}
+bool supported() { return ::cpfill::cuda::current_device_is_sm90(); }
 
 void quantize_rows(const __nv_bfloat16* x, int dim, int heads_in, int heads_out, int64_t n_out,
                    const float* mult, float factor, uint8_t* q, float* factor_out,
