@@ -32,6 +32,7 @@ struct BenchArgs {
     std::string cp = "1,2";
     std::string tbo = "off,on";
     std::string weights = "bf16";
+    std::string indexer = "auto";
     int repeat = 3;
     int warmup = 1;
     uint64_t seed = 1;
@@ -106,6 +107,7 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
                        : a.expert_gemm == "streams" ? ExpertGemm::Streams
                                                     : ExpertGemm::Auto;
     base.mhc_fused = a.mhc_fused == "on";
+    row.indexer = g.weight_stats().indexer_fp8 ? "fp8" : "bf16";
     auto once = [&](const GpuRunOptions& opt) {
         GpuStats st;
         g.run(requests, opt, &st);
@@ -161,11 +163,12 @@ void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, cons
         if (!row.measured()) continue;
         // Without --chunk, a row whose one pass does not fit runs in chunks (GpuGroup::run picks
         // them): skipped only when chunks of kMinAutoChunk tokens do not fit either.
-        GpuMemoryPlan m =
-            plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format, a.chunk);
+        const GpuIndexer indexer = parse_gpu_indexer(a.indexer);
+        GpuMemoryPlan m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false,
+                                          format, a.chunk, indexer);
         if (m.total() > free_bytes && a.chunk == 0)
             m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format,
-                                kMinAutoChunk);
+                                kMinAutoChunk, indexer);
         if (m.total() > free_bytes)
             row.skipped = fmt::format(
                 "not enough memory: needs {:.2f} GB per GPU (weights {:.2f} + workspace {:.2f}), "
@@ -182,6 +185,7 @@ void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, cons
                 GpuGroupOptions opt;
                 opt.cp = cp;
                 opt.weights = format;
+                opt.indexer = parse_gpu_indexer(a.indexer);
                 group = std::make_unique<GpuGroup>(opt);
                 group->randomize(plan.cfg, a.seed);
             }
@@ -222,6 +226,7 @@ int bench(const BenchArgs& a) {
     report.repeat = a.repeat;
     report.warmup = a.warmup;
     report.seed = a.seed;
+    report.indexer = a.indexer;
     if (!a.no_ceilings) {
         fmt::print(stderr, "bench: measuring ceilings (GEMM, HBM, all-gather)\n");
         const GpuCeilings c = measure_gpu_ceilings();
@@ -259,6 +264,11 @@ Runner add_bench_command(CLI::App& app) {
     c->add_option("--weights", args->weights,
                   "weight formats on the GPUs: bf16,fp8,fp4 (fp8: the release's fp8 / fp4 "
                   "matrices in e4m3 with block scales; fp4: the routed experts in packed fp4)")
+        ->capture_default_str();
+    c->add_option("--indexer", args->indexer,
+                  "how the GPUs score the indexer in every row: auto (fp8 with fp8 or fp4 weights "
+                  "on Hopper, else bf16), bf16 or fp8")
+        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
         ->capture_default_str();
     c->add_option("--repeat", args->repeat, "timed runs per row (TTFT = their median)")
         ->capture_default_str();

@@ -40,6 +40,7 @@ struct RunArgs {
     std::string input_ids_file;
     std::string device = "cpu";
     std::string weights = "auto";
+    std::string indexer = "auto";
     std::string logits_out;
     bool all_logits = false;
     int threads = 0;
@@ -290,6 +291,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     eo.cp = a.cp;
     eo.cuda = a.device == "cuda";
     eo.weights = a.weights;
+    eo.gpu.indexer = parse_gpu_indexer(a.indexer);
     if (mpi.active()) {
         eo.gpu.local_ranks = {mpi.rank()};
         eo.gpu.devices = {mpi.local_rank()};
@@ -369,6 +371,12 @@ Runner add_run_command(CLI::App& app) {
     c->add_option("--weights", args->weights,
                   "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8, or fp4 "
                   "(fp8 linears, fp4 experts)")
+        ->capture_default_str();
+    c->add_option(
+         "--indexer", args->indexer,
+         "cuda: how the GPUs score the indexer: auto (fp8 with fp8 or fp4 weights on Hopper, else "
+         "bf16), bf16 or fp8")
+        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
         ->capture_default_str();
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");

@@ -29,6 +29,7 @@ struct ServeArgs {
     std::string model;
     std::string device = "cpu";
     std::string weights = "auto";
+    std::string indexer = "auto";
     int cp = 1;
     std::string tbo = "auto";
     int threads = 0;
@@ -184,6 +185,7 @@ int serve_main(const ServeArgs& a) {
     eo.cp = a.cp;
     eo.cuda = a.device == "cuda";
     eo.weights = a.weights;
+    eo.gpu.indexer = parse_gpu_indexer(a.indexer);
     PrefillEngine engine(a.model, eo);
     const double warmup = warm_up(engine, opts);
     fmt::print(stderr, "serve: ready: load {:.3f} s, warm-up {:.3f} s ({}, CP={})\n",
@@ -221,6 +223,12 @@ Runner add_serve_command(CLI::App& app) {
     c->add_option("--model", a->model, "model folder (config.json + safetensors)")->required();
     c->add_option("--weights", a->weights,
                   "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8 or fp4")
+        ->capture_default_str();
+    c->add_option(
+         "--indexer", a->indexer,
+         "cuda: how the GPUs score the indexer: auto (fp8 with fp8 or fp4 weights on Hopper, else "
+         "bf16), bf16 or fp8")
+        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
         ->capture_default_str();
     c->add_option("--device", a->device, "cpu, or cuda (one GPU per CP rank)")
         ->check(CLI::IsMember({"cpu", "cuda"}));

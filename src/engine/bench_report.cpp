@@ -83,10 +83,12 @@ double prefill_flops(const ModelConfig& c, int64_t length) {
 }
 
 std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, int cp, bool fp8,
-                                      const std::optional<BenchCeilings>& c) {
-    if (!c || c->gemm_tflops <= 0 || c->hbm_gbps <= 0 || (fp8 && c->fp8_gemm_tflops <= 0) || cp < 1)
+                                      bool fp8_indexer, const std::optional<BenchCeilings>& c) {
+    if (!c || c->gemm_tflops <= 0 || c->hbm_gbps <= 0 ||
+        ((fp8 || fp8_indexer) && c->fp8_gemm_tflops <= 0) || cp < 1)
         return std::nullopt;
     const double bf16 = c->gemm_tflops * 1e12, lin = fp8 ? c->fp8_gemm_tflops * 1e12 : bf16;
+    const double scores = fp8_indexer ? c->fp8_gemm_tflops * 1e12 : bf16;
     const double n = static_cast<double>(length);
     GpuPhases f;
     for (AttnType t : cfg.layer_types) {
@@ -95,7 +97,7 @@ std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, in
         const double idx_comp = t == AttnType::CSA ? indexer_compressor_flops(cfg, n) : 0.0;
         f.attention += l.attn_proj / lin + l.core_attention / bf16;
         f.compressor += (l.compressor + idx_comp) / bf16;
-        f.indexer += (l.indexer_fixed - idx_comp) / lin + l.indexer_scoring / bf16;
+        f.indexer += (l.indexer_fixed - idx_comp) / lin + l.indexer_scoring / scores;
         f.moe += l.moe / lin;
         f.other += n * 2 * 2 * cfg.hc * cfg.d_model * 4.0 / (c->hbm_gbps * 1e9);
     }
@@ -209,7 +211,9 @@ void finalize_report(BenchReport& r) {
             row.exposed = row.ttft / *row.ttft_no_comm - 1;
         }
         row.layer_types = layer_type_times(r.config, row);
-        row.floors = phase_floors(r.config, row.length, row.cp, row.weights == "fp8", r.ceilings);
+        // fp4 rows run their experts as fp8 GEMMs (re-encoded per layer) and their linears in fp8.
+        row.floors = phase_floors(r.config, row.length, row.cp, row.weights != "bf16",
+                                  row.indexer == "fp8", r.ceilings);
         project(r, row);
     }
     for (BenchRow& row : r.rows) {
@@ -256,8 +260,10 @@ std::string header(const BenchReport& r) {
                                 r.config.n_layers, types, r.gpus, r.device);
     s += fmt::format(
         "TTFT = median of {} runs after {} warm-up; one request of random token ids, random "
-        "weights (seed {}).\n",
-        r.repeat, r.warmup, r.seed);
+        "weights (seed {}); indexer {}.\n",
+        r.repeat, r.warmup, r.seed,
+        r.indexer == "auto" ? "fp8 in the fp8 / fp4 rows, bf16 in the others (auto)"
+                            : r.indexer + " in every row");
     if (r.ceilings) {
         const BenchCeilings& c = *r.ceilings;
         s += fmt::format(
@@ -427,6 +433,7 @@ json row_json(const BenchRow& row) {
     json j = {{"cp", row.cp},
               {"tbo", row.tbo},
               {"weights", row.weights},
+              {"indexer", row.indexer},
               {"length", row.length},
               {"skipped", row.skipped},
               {"ttft_runs_s", row.ttft_runs},
@@ -471,6 +478,7 @@ BenchRow row_from_json(const json& j) {
     row.cp = field<int>(j, "cp");
     row.tbo = field<std::string>(j, "tbo");
     row.weights = j.value("weights", std::string("bf16"));  // reports before --weights: bf16
+    row.indexer = j.value("indexer", std::string("bf16"));  // reports before the fp8 indexer
     row.length = field<int64_t>(j, "length");
     row.skipped = field<std::string>(j, "skipped");
     row.ttft_runs = field<std::vector<double>>(j, "ttft_runs_s");
@@ -517,13 +525,19 @@ nlohmann::json phases_to_json(const GpuPhases& p) {
 }
 
 nlohmann::json report_to_json(const BenchReport& r) {
-    json j = {
-        {"format", "cpfill-bench"}, {"version", 1},
-        {"preset", r.preset},       {"config", json::parse(model_config_to_json(r.config, "hf"))},
-        {"device", r.device},       {"gpus", r.gpus},
-        {"repeat", r.repeat},       {"warmup", r.warmup},
-        {"seed", r.seed},           {"peak_flops_per_gpu", kPeakFlopsPerGpu},
-        {"ceilings", nullptr},      {"rows", json::array()}};
+    json j = {{"format", "cpfill-bench"},
+              {"version", 1},
+              {"preset", r.preset},
+              {"config", json::parse(model_config_to_json(r.config, "hf"))},
+              {"device", r.device},
+              {"gpus", r.gpus},
+              {"repeat", r.repeat},
+              {"warmup", r.warmup},
+              {"seed", r.seed},
+              {"indexer", r.indexer},
+              {"peak_flops_per_gpu", kPeakFlopsPerGpu},
+              {"ceilings", nullptr},
+              {"rows", json::array()}};
     if (const auto& c = r.ceilings)
         j["ceilings"] = {{"gemm_tflops", c->gemm_tflops},
                          {"fp8_gemm_tflops", c->fp8_gemm_tflops},
@@ -545,6 +559,7 @@ BenchReport report_from_json(const nlohmann::json& j) {
     r.repeat = field<int>(j, "repeat");
     r.warmup = field<int>(j, "warmup");
     r.seed = field<uint64_t>(j, "seed");
+    r.indexer = j.value("indexer", std::string("auto"));  // reports before --indexer: auto
     if (j.contains("ceilings") && !j.at("ceilings").is_null()) {
         const json& c = j.at("ceilings");
         r.ceilings =

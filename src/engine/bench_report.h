@@ -63,13 +63,14 @@ struct BenchCeilings {
 // Lower bounds of each phase of one prefill on one GPU (docs/bench.md, "Phases against their
 // floors"): the phase's FLOPs (layer_flops) at the same run's GEMM ceiling — the block-scaled fp8
 // one for the linears an fp8 row may run in fp8 (attention and indexer projections, experts,
-// router), bf16 for the rest (compressor, attention core, indexer scores) —, and for `other` (mHC
+// router), bf16 for the rest (compressor, attention core, and the indexer scores unless
+// `fp8_indexer`: then at the fp8 one) —, and for `other` (mHC
 // and norms: CUDA-core work over the fp32 residual streams) its bytes at the HBM copy rate: each of
 // a layer's two mHC sites reads and writes the hc streams once (2 · hc · d_model · 4 bytes per
 // token). Work divides over the cp ranks; collectives are not modelled (0). nullopt when a
 // ceiling it needs was not measured.
 std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, int cp, bool fp8,
-                                      const std::optional<BenchCeilings>& c);
+                                      bool fp8_indexer, const std::optional<BenchCeilings>& c);
 
 struct LayerTypeTime {
     AttnType type = AttnType::Sliding;
@@ -104,7 +105,8 @@ struct BenchRow {
     // Set by the runner.
     int cp = 1;
     std::string tbo = "off";            // as asked: off, on or auto
-    std::string weights = "bf16";       // how the GPUs held the matrices: bf16 or fp8
+    std::string weights = "bf16";       // how the GPUs held the matrices: bf16, fp8 or fp4
+    std::string indexer = "bf16";       // how they scored the indexer: bf16 or fp8
     int64_t length = 0;                 // prompt tokens of the one request
     std::string skipped;                // why the row was not measured; empty when it was
     std::vector<double> ttft_runs;      // seconds of each timed run
@@ -141,6 +143,9 @@ struct BenchReport {
     int gpus = 0;        // GPUs visible
     int repeat = 0, warmup = 0;
     uint64_t seed = 0;
+    // --indexer: "auto" (fp8 in the fp8 and fp4 rows on Hopper, bf16 in the others), "bf16" or
+    // "fp8" in every row.
+    std::string indexer = "auto";
     std::optional<BenchCeilings> ceilings;
     std::vector<BenchRow> rows;
 };

@@ -99,13 +99,16 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "--weights {}: the CPU backend computes in fp32 from the dequantised weights; "
                  "--weights applies to --device cuda (leave it out, or auto)",
                  options.weights);
+    CPFILL_CHECK(options.cuda || options.gpu.indexer == GpuIndexer::Auto,
+                 "--indexer {}: the CPU backend scores the indexer in fp32; --indexer applies to "
+                 "--device cuda (leave it out, or auto)",
+                 gpu_indexer_name(options.gpu.indexer));
     CPFILL_CHECK(!options.cuda || !options.fp8_activations,
                  "fp8 activations on the CPU are a study of the CUDA backend's fp8 path; on "
                  "--device cuda use --weights fp8");
     CPFILL_CHECK(!options.cuda || options.indexer_rounding == IndexerRounding::None,
                  "indexer rounding {} is a CPU study of a low-precision indexer; on --device cuda "
-                 "the indexer's precision follows --weights (fp8 for fp8 and fp4 weights; "
-                 "expected none)",
+                 "the indexer's precision is --indexer (expected none)",
                  ops::indexer_rounding_name(options.indexer_rounding));
     if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;

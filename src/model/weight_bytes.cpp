@@ -24,6 +24,25 @@ std::string_view gpu_weight_format_name(GpuWeightFormat f) {
     return f == GpuWeightFormat::Fp8 ? "fp8" : f == GpuWeightFormat::Fp4 ? "fp4" : "bf16";
 }
 
+GpuIndexer parse_gpu_indexer(const std::string& s) {
+    if (s == "auto") return GpuIndexer::Auto;
+    if (s == "bf16") return GpuIndexer::Bf16;
+    if (s == "fp8") return GpuIndexer::Fp8;
+    CPFILL_FAIL("--indexer {}: expected auto, bf16 or fp8", s);
+}
+
+std::string_view gpu_indexer_name(GpuIndexer i) {
+    return i == GpuIndexer::Fp8 ? "fp8" : i == GpuIndexer::Bf16 ? "bf16" : "auto";
+}
+
+bool gpu_indexer_fp8(GpuIndexer choice, GpuWeightFormat format, bool sm90) {
+    CPFILL_CHECK(choice != GpuIndexer::Fp8 || sm90,
+                 "--indexer fp8 needs a GPU of compute capability 9.0 (Hopper); this one runs the "
+                 "bf16 indexer (--indexer bf16 or auto)");
+    if (choice == GpuIndexer::Auto) return format != GpuWeightFormat::Bf16 && sm90;
+    return choice == GpuIndexer::Fp8;
+}
+
 bool is_fp8(GpuStorage s) { return s == GpuStorage::Fp8Tile || s == GpuStorage::Fp8Row; }
 
 ops::Fp8Blocks fp8_blocks(GpuStorage s) {

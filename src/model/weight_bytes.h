@@ -29,6 +29,16 @@ enum class GpuWeightFormat : uint8_t { Bf16, Fp8, Fp4 };
 GpuWeightFormat parse_gpu_weight_format(const std::string& s);
 std::string_view gpu_weight_format_name(GpuWeightFormat f);
 
+// How the GPUs score the lightning indexer (`--indexer`, docs/fp8.md "The fp8 indexer on GPUs"):
+// Auto follows the weights (fp8 for fp8 and fp4 weights on a GPU that runs the kernel, bf16
+// otherwise); Bf16 and Fp8 choose it whatever the weights (Fp8 needs compute capability 9.0).
+enum class GpuIndexer : uint8_t { Auto, Bf16, Fp8 };
+GpuIndexer parse_gpu_indexer(const std::string& s);  // "auto", "bf16" or "fp8"
+std::string_view gpu_indexer_name(GpuIndexer i);
+// Whether the indexer scores in fp8 under `choice` with weights of `format`, on a GPU that runs
+// the fp8 kernel (`sm90`) or not. Throws for Fp8 where the GPU cannot.
+bool gpu_indexer_fp8(GpuIndexer choice, GpuWeightFormat format, bool sm90);
+
 // What one weight is on a GPU: f32, int64, bf16, or e4m3 with 128×128 tile scales (the dense
 // linears) or (row, 128 columns) scales (the routed experts; the upload keeps a layer's experts in
 // 128×128 tiles instead when those are exact, which needs fewer bytes: the byte counts here are

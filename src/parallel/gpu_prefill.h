@@ -36,6 +36,8 @@ struct GpuGroupOptions {
     // How the GPUs hold the matrices (`--weights`, model/weight_bytes.h): bf16, or fp8 where the
     // release ships fp8 / fp4.
     GpuWeightFormat weights = GpuWeightFormat::Bf16;
+    // How the GPUs score the indexer (`--indexer`): Auto follows the weights (GpuIndexer).
+    GpuIndexer indexer = GpuIndexer::Auto;
 };
 
 // The routed experts' GEMMs (docs/fp8.md, "The grouped fp8 expert GEMM"):
@@ -122,7 +124,8 @@ constexpr int64_t kMinAutoChunk = 1024;
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits,
-                              GpuWeightFormat format = GpuWeightFormat::Bf16, int64_t chunk = 0);
+                              GpuWeightFormat format = GpuWeightFormat::Bf16, int64_t chunk = 0,
+                              GpuIndexer indexer = GpuIndexer::Auto);
 // The `weights` part alone needs no GPU: gpu_weight_bytes (model/weight_bytes.h).
 
 // Ceilings measured on this machine (docs/performance.md): bf16 and block-scaled fp8 GEMM 8192³

@@ -39,14 +39,17 @@ const std::string& checkpoint_dir() {
 // EngineOptions::fp8_activations, and its indexer's queries and keys, indexer_rounding Fp8) or a
 // --weights value for the GPU.
 RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
-              ExpertGemm experts = ExpertGemm::Auto) {
+              ExpertGemm experts = ExpertGemm::Auto, GpuIndexer indexer = GpuIndexer::Auto,
+              bool* indexer_fp8 = nullptr) {
     EngineOptions eo;
+    eo.gpu.indexer = indexer;
     eo.threads = 2;
     eo.cuda = device_weights.rfind("cpu", 0) != 0;
     eo.fp8_activations = device_weights == "cpu-fp8";
     if (eo.fp8_activations) eo.indexer_rounding = IndexerRounding::Fp8;
     if (eo.cuda) eo.weights = device_weights;
     PrefillEngine engine(checkpoint_dir(), eo);
+    if (indexer_fp8) *indexer_fp8 = engine.gpu_weight_stats().indexer_fp8;
     RunOptions o;
     o.all_logits = true;
     o.record_topk = true;  // the indexer's selections and the router's choices
@@ -203,6 +206,38 @@ TEST(GpuFp8Prefill, StaysWithinFp8RoundingOfTheCpu) {
         row_quantile(fp8, cpu_fp8, 0.9), row_quantile(fp8, cpu_fp8, 1.0), overall(fp8, cpu_fp8));
     EXPECT_LE(row_quantile(fp8, cpu, 0.5), 0.10);
     EXPECT_LE(row_quantile(bf16, cpu, 0.5), 0.02);
+}
+
+// --indexer: auto gives fp8 weights the fp8 indexer and bf16 weights the bf16 one; bf16 and fp8
+// choose it either way. The choice reaches the kernel (the fp8 weights' selections change with it
+// on this model: the CPU study changes about a quarter of the sets) and either stays within its
+// weights' bounds against the CPU's fp32.
+TEST(GpuFp8Prefill, IndexerOptionChoosesTheKernel) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    if (!ops::cuda::grouped_fp8_supported()) GTEST_SKIP() << "needs compute capability 9.0";
+    const RunResult cpu = run("cpu");
+    bool fp8_auto = false, fp8_bf16 = false, bf16_auto = true, bf16_fp8 = false;
+    const RunResult a = run("fp8", TboMode::Off, ExpertGemm::Auto, GpuIndexer::Auto, &fp8_auto);
+    const RunResult b = run("fp8", TboMode::Off, ExpertGemm::Auto, GpuIndexer::Bf16, &fp8_bf16);
+    const RunResult c = run("bf16", TboMode::Off, ExpertGemm::Auto, GpuIndexer::Auto, &bf16_auto);
+    const RunResult d = run("bf16", TboMode::Off, ExpertGemm::Auto, GpuIndexer::Fp8, &bf16_fp8);
+    EXPECT_TRUE(fp8_auto);
+    EXPECT_FALSE(fp8_bf16);
+    EXPECT_FALSE(bf16_auto);
+    EXPECT_TRUE(bf16_fp8);
+    const std::vector<bool> same = same_choices(a, b);
+    EXPECT_NE(std::count(same.begin(), same.end(), false), 0)
+        << "--indexer bf16 selected what the fp8 indexer did on every row";
+    for (const auto& [name, r, median] : {std::tuple{"fp8 weights, bf16 indexer", &b, 0.10},
+                                          std::tuple{"bf16 weights, fp8 indexer", &d, 0.02}}) {
+        const Agreement g = compare(*r, cpu, 3e-2);
+        std::printf("[ compare ] %s vs cpu: argmax %.4f; row errors median %.3g\n", name, g.argmax,
+                    row_quantile(*r, cpu, 0.5));
+        EXPECT_TRUE(g.err.finite) << name;
+        EXPECT_GE(g.argmax, 0.75) << name;
+        EXPECT_LE(row_quantile(*r, cpu, 0.5), median) << name;
+    }
+    (void)c;
 }
 
 // What the GPU holds is what the table counts (model/weight_bytes.h), and the fp8 linears of the

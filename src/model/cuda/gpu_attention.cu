@@ -194,7 +194,7 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
             ia.top_k = K;
             ia.scale = 1.0f / std::sqrt(float(cfg.index_head_dim));
             ia.idx = s.topk + b * K;
-            ia.precision = W.indexer_fp8() ? oc::IndexerPrecision::Fp8 : oc::IndexerPrecision::Bf16;
+            ia.precision = W.indexer_fp8 ? oc::IndexerPrecision::Fp8 : oc::IndexerPrecision::Bf16;
             oc::indexer_topk(ia, s.scores, s.scores_floats, c.stream);
         }
         c.phase(Phase::Attention);

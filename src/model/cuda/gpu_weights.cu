@@ -645,6 +645,7 @@ GpuWeights build_top(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat 
     g.cfg = cfg;
     g.slice = slice;
     g.format = format;
+    g.indexer_fp8 = gpu_indexer_fp8(GpuIndexer::Auto, format, ops::cuda::indexer_fp8::supported());
     g.width = slice_width(cfg.moe_dim, slice);
     Builder b(seed, &g);
     for (const WeightSpec& spec : weight_specs(cfg)) {
@@ -685,12 +686,6 @@ bool GpuWeights::experts_fp4() const {
     for (const GpuLayer& l : layers)
         if (l.w13.fp4()) return true;
     return false;
-}
-
-bool GpuWeights::indexer_fp8() const { return indexer_fp8_for(format); }
-
-bool indexer_fp8_for(GpuWeightFormat format) {
-    return format != GpuWeightFormat::Bf16 && ops::cuda::indexer_fp8::supported();
 }
 
 GpuWeights upload_top(const ModelWeights& host, GpuWeightFormat format) {

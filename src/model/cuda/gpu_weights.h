@@ -90,14 +90,10 @@ struct GpuWeights {
     bool dense_fp8() const;    // some attention / shared-expert matrix is fp8
     bool experts_fp8() const;  // the routed experts are fp8, or fp4 (re-encoded to fp8 per layer)
     bool experts_fp4() const;  // the routed experts are fp4
-    // The lightning indexer scores in fp8 (ops::cuda::IndexerPrecision::Fp8): indexer_fp8_for.
-    bool indexer_fp8() const;
+    // The lightning indexer scores in fp8 (ops::cuda::IndexerPrecision::Fp8): set when the weights
+    // are made, as gpu_indexer_fp8(GpuIndexer::Auto, format, …) says; GpuGroup applies --indexer.
+    bool indexer_fp8 = false;
 };
-
-// Whether weights of `format` have the indexer score in fp8 (docs/fp8.md, "The fp8 indexer"): for
-// fp8 and fp4 weights on a GPU that runs the kernel (compute capability 9.0), as the release
-// scores its indexer in low precision; bf16 weights keep the bf16 indexer.
-bool indexer_fp8_for(GpuWeightFormat format);
 
 // Uploads a rank's host weights (as load_rank_weights / slice_experts make them) to the current
 // device: upload_top, then upload_layer for every layer. Checks tid2eid values against n_experts.

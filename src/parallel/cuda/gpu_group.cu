@@ -18,6 +18,7 @@
 #include "parallel/cuda/gpu_workspace.h"
 #include "parallel/gpu_prefill.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/sm90.h"
 #include "runtime/device.h"
 
 namespace cpfill {
@@ -141,6 +142,15 @@ NcclId GpuGroup::new_nccl_id() {
     return out;
 }
 
+namespace {
+
+// --indexer on a rank's new weights (GpuGroupOptions::indexer), on that rank's device.
+void apply_indexer(cuda::GpuWeights& w, GpuIndexer choice) {
+    w.indexer_fp8 = gpu_indexer_fp8(choice, w.format, cuda::current_device_is_sm90());
+}
+
+}  // namespace
+
 GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>()) {
     Impl& g = *impl_;
     g.opt = opt;
@@ -169,6 +179,12 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
         CPFILL_CHECK(r->rank >= 0 && r->rank < C, "rank {} outside a group of {}", r->rank, C);
         CPFILL_CHECK(r->device >= 0 && r->device < n_dev,
                      "rank {}: GPU {} does not exist ({} visible)", r->rank, r->device, n_dev);
+        int major = 0, minor = 0;  // --indexer fp8 on a GPU without the kernel: refused up front
+        CPFILL_CUDA_CHECK(
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, r->device));
+        CPFILL_CUDA_CHECK(
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, r->device));
+        (void)gpu_indexer_fp8(opt.indexer, opt.weights, major == 9 && minor == 0);
         g.ranks.push_back(std::move(r));
     }
     g.local = local;
@@ -275,6 +291,7 @@ GpuGroup::StoredLoad GpuGroup::load_stored(const Checkpoint& ck, int threads, bo
                 CPFILL_CHECK(!abort.raised(), "stopped: {}", abort.why());
                 cuda::upload_stored_layer(*w, li, ck, rd);
             }
+            apply_indexer(*w, g.opt.indexer);
             r.weights = std::move(w);
         } catch (...) {
             rd.abort();  // the readers stop; the other ranks read what they still need at once
@@ -300,6 +317,7 @@ void GpuGroup::load_top(const std::vector<const ModelWeights*>& rank_weights) {
         r.arena.reset();
         check_weights_fit(r, w.cfg, g.opt.weights);
         r.weights = std::make_unique<cuda::GpuWeights>(cuda::upload_top(w, g.opt.weights));
+        apply_indexer(*r.weights, g.opt.indexer);
         r.alloc_host_counts(w.cfg.n_experts);
     });
 }
@@ -345,7 +363,7 @@ GpuGroup::WeightStats GpuGroup::weight_stats() const {
         s.bytes = std::max(s.bytes, r->weights->bytes);
         s.fp8_values += r->weights->fp8_values;
         s.fp8_inexact += r->weights->fp8_inexact;
-        s.indexer_fp8 = r->weights->indexer_fp8();
+        s.indexer_fp8 = r->weights->indexer_fp8;
     }
     return s;
 }
@@ -363,6 +381,7 @@ void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
         r.arena.reset();
         r.weights = std::make_unique<cuda::GpuWeights>(
             cuda::random_weights(cfg, ExpertSlice{r.rank, r.cp}, seed, g.opt.weights));
+        apply_indexer(*r.weights, g.opt.indexer);
         r.alloc_host_counts(cfg.n_experts);
     });
 }
@@ -371,7 +390,7 @@ namespace {
 
 // The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU, in
 // chunks of `chunk` tokens (0: one pass).
-int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
+int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format, GpuIndexer indexer,
                const std::vector<std::vector<int32_t>>& requests, const GpuRunOptions& opt,
                int64_t chunk, size_t capacity) {
     for (int c = 1; c <= 64; ++c) {
@@ -379,7 +398,7 @@ int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format,
         const RunPlan p = make_run_plan(requests, cfg, c, opt.tbo, chunk, gpu_tbo_rule);
         const ExpertSlice widest = widest_slice(cfg.moe_dim, c);
         const int64_t width = slice_width(cfg.moe_dim, widest);
-        const cuda::WeightNeeds needs = cuda::needs_of(cfg, widest, format);
+        const cuda::WeightNeeds needs = cuda::needs_of(cfg, widest, format, indexer);
         if (cuda::workspace_bytes(cfg, p, c, width, opt, needs) +
                 gpu_rank_weight_bytes(cfg, widest, format) <=
             capacity)
@@ -480,8 +499,8 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                     fitting_chunk);
     if (!short_of.empty()) {
         const int64_t advice_chunk = opt.chunk > 0 ? opt.chunk : kMinAutoChunk;
-        const int fit =
-            fitting_cp(cfg, g.opt.weights, requests, opt, advice_chunk, memory_capacity(g, opt));
+        const int fit = fitting_cp(cfg, g.opt.weights, g.opt.indexer, requests, opt, advice_chunk,
+                                   memory_capacity(g, opt));
         CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}{}: {}; {}", total, C,
                     opt.chunk > 0 ? fmt::format(" --chunk {}", opt.chunk)
                                   : fmt::format(" (also in chunks of {})", kMinAutoChunk),
@@ -531,7 +550,8 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
 }
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
-                              bool tbo, bool all_logits, GpuWeightFormat format, int64_t chunk) {
+                              bool tbo, bool all_logits, GpuWeightFormat format, int64_t chunk,
+                              GpuIndexer indexer) {
     CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",
                  n_tokens, n_requests);
     std::vector<std::vector<int32_t>> reqs(n_requests);
@@ -545,8 +565,8 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
     const int64_t width = slice_width(cfg.moe_dim, widest);
     GpuMemoryPlan p;
     p.weights = gpu_rank_weight_bytes(cfg, widest, format);
-    p.workspace =
-        cuda::workspace_bytes(cfg, plan, cp, width, opt, cuda::needs_of(cfg, widest, format));
+    p.workspace = cuda::workspace_bytes(cfg, plan, cp, width, opt,
+                                        cuda::needs_of(cfg, widest, format, indexer));
     return p;
 }
 

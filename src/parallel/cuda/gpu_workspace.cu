@@ -9,6 +9,7 @@
 #include "ops/cuda/moe_dispatch.h"
 #include "ops/cuda/moe_fp8.h"
 #include "parallel/cuda/gpu_workspace.h"
+#include "runtime/cuda/sm90.h"
 
 namespace cpfill::cuda {
 
@@ -50,7 +51,7 @@ Dims dims_of(const ModelConfig& cfg, const RunPlan& plan, int cp, const GpuRunOp
 // The workspace of one run, carved in one fixed order from an arena (or counted).
 WeightNeeds needs_of(const GpuWeights& w) {
     WeightNeeds n{w.dense_fp8(), w.experts_fp8(), w.experts_fp4()};
-    n.indexer_fp8 = w.indexer_fp8();
+    n.indexer_fp8 = w.indexer_fp8;
     n.shared_apart = false;
     for (const GpuLayer& L : w.layers) {
         const bool folded = shared_expert_folded(L);
@@ -60,10 +61,11 @@ WeightNeeds needs_of(const GpuWeights& w) {
     return n;
 }
 
-WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format) {
+WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format,
+                     GpuIndexer indexer) {
     WeightNeeds n;
+    n.indexer_fp8 = gpu_indexer_fp8(indexer, format, current_device_is_sm90());
     if (format == GpuWeightFormat::Bf16) return n;
-    n.indexer_fp8 = indexer_fp8_for(format);
     // Per layer: its routed experts fp8 or fp4, its shared expert's matrices all fp8.
     std::vector<char> routed(cfg.n_layers, 0), shared(cfg.n_layers, 1);
     for (const WeightSpec& spec : weight_specs(cfg)) {

@@ -78,7 +78,8 @@ struct WeightNeeds {
 };
 WeightNeeds needs_of(const GpuWeights& w);
 // The same before the weights exist (the memory plan), from the weight table.
-WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format);
+WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat format,
+                     GpuIndexer indexer = GpuIndexer::Auto);
 
 struct Workspace {
     std::vector<SubState> subs;

@@ -211,6 +211,7 @@ BenchReport sample_report() {
     r.repeat = 3;
     r.warmup = 1;
     r.seed = 7;
+    r.indexer = "bf16";
     r.ceilings = BenchCeilings{790, 0, 4200, 260, 2};
     r.rows.push_back(raw_row(1, "off", 8192, {0.3, 0.1, 0.2}));
     r.rows.back().layer_seconds = {0.01, 0.03, 0.05, 0.04};  // sliding, sliding, CSA, HCA
@@ -315,7 +316,7 @@ TEST(BenchMath, ProjectionNeedsEveryLayerTypeOfTheTarget) {
 TEST(BenchFloors, HandConfigAtUnitCeilings) {
     const ModelConfig c = hand_config();
     const BenchCeilings unit{1e-12, 2e-12, 1e-9, 0, 0};
-    const std::optional<GpuPhases> b = phase_floors(c, 5, 1, false, unit);
+    const std::optional<GpuPhases> b = phase_floors(c, 5, 1, false, false, unit);
     ASSERT_TRUE(b);
     EXPECT_DOUBLE_EQ(b->attention, 1920 + 1344);
     EXPECT_DOUBLE_EQ(b->compressor, 1280);
@@ -324,15 +325,20 @@ TEST(BenchFloors, HandConfigAtUnitCeilings) {
     EXPECT_DOUBLE_EQ(b->other, 960);
     EXPECT_DOUBLE_EQ(b->collectives, 0);
     // fp8: the linears at twice the rate; compressor, attention core, scores and bytes as bf16.
-    const std::optional<GpuPhases> f = phase_floors(c, 5, 1, true, unit);
+    const std::optional<GpuPhases> f = phase_floors(c, 5, 1, true, false, unit);
     ASSERT_TRUE(f);
     EXPECT_DOUBLE_EQ(f->attention, 960 + 1344);
     EXPECT_DOUBLE_EQ(f->compressor, 1280);
     EXPECT_DOUBLE_EQ(f->indexer, 40 + 24);
     EXPECT_DOUBLE_EQ(f->moe, 960);
     EXPECT_DOUBLE_EQ(f->other, 960);
+    // The fp8 indexer: its scores at the fp8 rate too (24 FLOPs at 2 FLOP/s).
+    const std::optional<GpuPhases> f8 = phase_floors(c, 5, 1, true, true, unit);
+    ASSERT_TRUE(f8);
+    EXPECT_DOUBLE_EQ(f8->indexer, 40 + 12);
+    EXPECT_DOUBLE_EQ(f8->attention, f->attention);
     // Two ranks share the work.
-    const std::optional<GpuPhases> two = phase_floors(c, 5, 2, false, unit);
+    const std::optional<GpuPhases> two = phase_floors(c, 5, 2, false, false, unit);
     ASSERT_TRUE(two);
     EXPECT_DOUBLE_EQ(two->attention, (1920 + 1344) / 2.0);
     EXPECT_DOUBLE_EQ(two->other, 480);
@@ -340,10 +346,12 @@ TEST(BenchFloors, HandConfigAtUnitCeilings) {
 
 TEST(BenchFloors, NeedTheCeilingsTheyUse) {
     const ModelConfig c = hand_config();
-    EXPECT_FALSE(phase_floors(c, 5, 1, false, std::nullopt));
-    EXPECT_FALSE(phase_floors(c, 5, 1, true, BenchCeilings{800, 0, 4000, 0, 0}));  // no fp8
-    EXPECT_TRUE(phase_floors(c, 5, 1, false, BenchCeilings{800, 0, 4000, 0, 0}));
-    EXPECT_FALSE(phase_floors(c, 5, 1, false, BenchCeilings{800, 1500, 0, 0, 0}));  // no HBM
+    EXPECT_FALSE(phase_floors(c, 5, 1, false, false, std::nullopt));
+    EXPECT_FALSE(phase_floors(c, 5, 1, true, false, BenchCeilings{800, 0, 4000, 0, 0}));  // no fp8
+    EXPECT_TRUE(phase_floors(c, 5, 1, false, false, BenchCeilings{800, 0, 4000, 0, 0}));
+    EXPECT_FALSE(
+        phase_floors(c, 5, 1, false, true, BenchCeilings{800, 0, 4000, 0, 0}));  // fp8 scores
+    EXPECT_FALSE(phase_floors(c, 5, 1, false, false, BenchCeilings{800, 1500, 0, 0, 0}));  // no HBM
 }
 
 // The report's floor table: measured / floor and their ratio, per phase, from the same run.
@@ -361,7 +369,8 @@ TEST(BenchReportMarkdown, PhasesAgainstTheirFloors) {
 }
 
 TEST(BenchReportJson, RoundTrip) {
-    const BenchReport r = sample_report();
+    BenchReport r = sample_report();
+    r.rows[0].indexer = "fp8";
     const nlohmann::json j = report_to_json(r);
     const BenchReport back = report_from_json(nlohmann::json::parse(j.dump()));
     EXPECT_EQ(back.preset, r.preset);
@@ -370,6 +379,7 @@ TEST(BenchReportJson, RoundTrip) {
     EXPECT_EQ(back.repeat, r.repeat);
     EXPECT_EQ(back.warmup, r.warmup);
     EXPECT_EQ(back.seed, r.seed);
+    EXPECT_EQ(back.indexer, r.indexer);
     EXPECT_EQ(back.ceilings, r.ceilings);
     EXPECT_EQ(model_config_to_json(back.config, "hf"), model_config_to_json(r.config, "hf"));
     ASSERT_EQ(back.rows.size(), r.rows.size());
@@ -431,6 +441,7 @@ TEST(BenchReportMarkdown, RowsReasonsAndProjectionLabel) {
     EXPECT_NE(md.find("not a measurement"), std::string::npos) << md;
     EXPECT_NE(md.find("790 TFLOP/s"), std::string::npos) << md;  // ceilings above the table
     EXPECT_LT(md.find("790 TFLOP/s"), md.find("| cp |"));
+    EXPECT_NE(md.find("indexer bf16 in every row"), std::string::npos) << md;  // --indexer bf16
 }
 
 // Checks that tags nest and close, and that no '<' or '>' appears outside a tag.

@@ -1,9 +1,11 @@
 // The byte counts of model/weight_bytes.h against what the loader really produces: for every rank
 // of several CP sizes, the table's per-rank element counts equal the loaded tensors' sizes, and the
-// GPU byte count equals those sizes at the GPU dtypes. The widest slice is the widest.
+// GPU byte count equals those sizes at the GPU dtypes. The widest slice is the widest. The
+// --indexer rule.
 #include <gtest/gtest.h>
 
 #include "../io/io_test_util.h"
+#include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/presets.h"
 #include "io/random_checkpoint.h"
@@ -100,6 +102,35 @@ TEST(WeightBytes, Fp8StorageAndItsBytes) {
               gpu_weight_bytes(cfg, 1, GpuWeightFormat::Fp8));
     EXPECT_EQ(parse_gpu_weight_format("fp8"), GpuWeightFormat::Fp8);
     EXPECT_THROW(parse_gpu_weight_format("auto"), Error);
+}
+
+}  // namespace
+}  // namespace cpfill
+
+namespace cpfill {
+namespace {
+
+// --indexer: auto follows the weights and the GPU; bf16 and fp8 are what they say; fp8 where the
+// GPU has no fp8 kernel is an error naming the flag; the names parse back.
+TEST(GpuIndexerChoice, AutoFollowsTheWeightsAndTheGpu) {
+    using F = GpuWeightFormat;
+    using I = GpuIndexer;
+    EXPECT_FALSE(gpu_indexer_fp8(I::Auto, F::Bf16, true));
+    EXPECT_TRUE(gpu_indexer_fp8(I::Auto, F::Fp8, true));
+    EXPECT_TRUE(gpu_indexer_fp8(I::Auto, F::Fp4, true));
+    EXPECT_FALSE(gpu_indexer_fp8(I::Auto, F::Fp8, false));  // not Hopper: bf16
+    EXPECT_FALSE(gpu_indexer_fp8(I::Bf16, F::Fp8, true));
+    EXPECT_TRUE(gpu_indexer_fp8(I::Fp8, F::Bf16, true));
+    EXPECT_FALSE(gpu_indexer_fp8(I::Bf16, F::Bf16, false));
+    try {
+        gpu_indexer_fp8(I::Fp8, F::Fp8, false);
+        FAIL() << "fp8 without the kernel was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--indexer fp8"), std::string::npos) << e.what();
+    }
+    for (I i : {I::Auto, I::Bf16, I::Fp8})
+        EXPECT_EQ(parse_gpu_indexer(std::string(gpu_indexer_name(i))), i);
+    EXPECT_THROW(parse_gpu_indexer("fp4"), Error);
 }
 
 }  // namespace

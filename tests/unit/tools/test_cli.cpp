@@ -101,6 +101,15 @@ TEST(Cli, GenInspectRunRoundTrip) {
     EXPECT_EQ(w.code, 1) << w.out;
     EXPECT_NE(w.out.find("--weights fp8: the CPU backend computes in fp32"), std::string::npos)
         << w.out;
+    // So is --indexer; an unknown value is a usage error naming the choices.
+    Result x = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6 --indexer fp8");
+    EXPECT_EQ(x.code, 1) << x.out;
+    EXPECT_NE(x.out.find("--indexer fp8: the CPU backend scores the indexer in fp32"),
+              std::string::npos)
+        << x.out;
+    Result y = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6 --indexer fp4");
+    EXPECT_NE(y.code, 0) << y.out;
+    EXPECT_NE(y.out.find("--indexer"), std::string::npos) << y.out;
 }
 
 TEST(Cli, InspectPresetNeedsNoCheckpoint) {
