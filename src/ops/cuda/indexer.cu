@@ -1,4 +1,6 @@
-// indexer_topk: two kernels per chunk of queries (a chunk's scores fill the scratch).
+// indexer_topk: two kernels per chunk of queries (a chunk's scores fill the scratch); with
+// IndexerPrecision::Fp8 the scores come from ops/cuda/indexer_fp8.cu instead (the keys quantised
+// once per call, the chunk's queries before its scoring, both into the same scratch: Fp8Layout).
 //   scores  tensor cores, mma.sync m16n8k16 bf16 → fp32. A block of 8 warps owns 8 consecutive
 //           queries (warp w: query w) and up to kSplit = 2048 entries of them; each warp keeps its
 //           query's Q [64 heads, 128 dims] in registers as the B operand (128 registers, loaded
