@@ -119,6 +119,14 @@ std::string error_line(const std::exception& e) {
 }
 
 // "a,b,c" → items; an empty item is an error naming the option.
+void add_indexer_option(CLI::App& c, std::string& value) {
+    c.add_option("--indexer", value,
+                 "cuda: how the GPUs score the indexer: auto (fp8 with fp8 or fp4 weights on "
+                 "Hopper, else bf16), bf16 or fp8")
+        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
+        ->capture_default_str();
+}
+
 std::vector<std::string> split_list(const std::string& text, const char* option) {
     std::vector<std::string> items;
     size_t start = 0;

@@ -33,6 +33,10 @@ bool debug_enabled();
 // The "error: …" line (without the trailing newline) for an exception that reached main().
 std::string error_line(const std::exception& e);
 
+// --indexer on a subcommand that runs on GPUs (run, serve, bench): auto, bf16 or fp8, parsed by
+// parse_gpu_indexer (model/weight_bytes.h).
+void add_indexer_option(CLI::App& c, std::string& value);
+
 // "a,b,c" → items (spaces around an item dropped); an empty item is an error naming the option.
 std::vector<std::string> split_list(const std::string& text, const char* option);
 // A positive integer with an optional suffix k (×1024) or M (×1024²): "8k" → 8192.

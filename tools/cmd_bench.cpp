@@ -265,11 +265,7 @@ Runner add_bench_command(CLI::App& app) {
                   "weight formats on the GPUs: bf16,fp8,fp4 (fp8: the release's fp8 / fp4 "
                   "matrices in e4m3 with block scales; fp4: the routed experts in packed fp4)")
         ->capture_default_str();
-    c->add_option("--indexer", args->indexer,
-                  "how the GPUs score the indexer in every row: auto (fp8 with fp8 or fp4 weights "
-                  "on Hopper, else bf16), bf16 or fp8")
-        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
-        ->capture_default_str();
+    add_indexer_option(*c, args->indexer);
     c->add_option("--repeat", args->repeat, "timed runs per row (TTFT = their median)")
         ->capture_default_str();
     c->add_option("--warmup", args->warmup, "untimed runs before them")->capture_default_str();

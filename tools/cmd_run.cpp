@@ -19,6 +19,7 @@
 #include "io/output_paths.h"
 #include "io/safetensors.h"
 #include "runtime/device.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/input_ids.h"
 #include "tools/mpi_session.h"
@@ -372,12 +373,7 @@ Runner add_run_command(CLI::App& app) {
                   "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8, or fp4 "
                   "(fp8 linears, fp4 experts)")
         ->capture_default_str();
-    c->add_option(
-         "--indexer", args->indexer,
-         "cuda: how the GPUs score the indexer: auto (fp8 with fp8 or fp4 weights on Hopper, else "
-         "bf16), bf16 or fp8")
-        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
-        ->capture_default_str();
+    add_indexer_option(*c, args->indexer);
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");
     c->add_flag("--all-logits", args->all_logits, "logits of every position, not only the last");

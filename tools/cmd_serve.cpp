@@ -15,6 +15,7 @@
 #include "io/model_config.h"
 #include "runtime/device.h"
 #include "serve/server.h"
+#include "tools/cli_options.h"
 #include "tools/commands.h"
 #include "tools/mpi_session.h"
 #include "tools/prompt.h"
@@ -224,12 +225,7 @@ Runner add_serve_command(CLI::App& app) {
     c->add_option("--weights", a->weights,
                   "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8 or fp4")
         ->capture_default_str();
-    c->add_option(
-         "--indexer", a->indexer,
-         "cuda: how the GPUs score the indexer: auto (fp8 with fp8 or fp4 weights on Hopper, else "
-         "bf16), bf16 or fp8")
-        ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
-        ->capture_default_str();
+    add_indexer_option(*c, a->indexer);
     c->add_option("--device", a->device, "cpu, or cuda (one GPU per CP rank)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--cp", a->cp, "context-parallel ranks")->check(CLI::Range(1, 64));

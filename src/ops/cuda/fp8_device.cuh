@@ -20,6 +20,10 @@ __device__ inline float from_e4m3(uint8_t q) {
     return __half2float(__half(h));
 }
 
+// The scale of a block whose largest magnitude is amax: amax / 448, or 1 when all are 0 (the CPU's
+// round_fp8_blocks, ops/fp8_act.h).
+__device__ inline float e4m3_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
+
 __device__ inline float warp_max(float v) {
     for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
@@ -71,7 +75,7 @@ __device__ inline void quantize_block(const float v[8], int64_t kb, int64_t kb_n
     for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
     for (int o = 8; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (kb >= kb_n) return;
-    const float s = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+    const float s = e4m3_scale(amax);
     uint32_t w[4];
     for (int j = 0; j < 4; ++j)
         w[j] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * j] / s, v[2 * j + 1] / s), __NV_SATFINITE,

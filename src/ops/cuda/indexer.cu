@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/indexer_device.cuh"
 #include "ops/cuda/indexer_fp8.h"
 #include "ops/cuda/ptx.cuh"
 #include "runtime/cuda/cuda_check.h"
@@ -48,11 +49,6 @@ struct ScoreSmem {
     alignas(16) __nv_bfloat16 k[kStages][kTile][kLd];  // key tiles, columns ≥ dim zero
     float w[kQueries][kMaxHeads];                      // head weights, zero beyond n_heads
 };
-
-__device__ int64_t n_eligible(int64_t p, int ratio, int64_t n_entries) {
-    const int64_t e = (p + 1) / ratio;
-    return e < n_entries ? e : n_entries;
-}
 
 // Starts the copy of keys k0 … k0 + kTile − 1 into dst (all threads); keys ≥ k_end become zeros.
 // Each warp copies two rows at a time, a lane one 16-byte chunk (lanes past dim / 8 idle).

@@ -16,10 +16,9 @@
 // MMAs run while this pair's epilogue computes Σ_h w'_h · ReLU(S[key, h]) (16 heads in a thread,
 // then across the quad) and writes score = key factor · that sum. Products of e4m3 values are
 // exact in fp32; only the order of the sums differs from the CPU.
-#include <algorithm>
-
 #include "core/error.h"
 #include "ops/cuda/fp8_device.cuh"
+#include "ops/cuda/indexer_device.cuh"
 #include "ops/cuda/indexer_fp8.h"
 #include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
@@ -51,11 +50,6 @@ struct Smem {
 constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + alignment of the dynamic base
 static_assert(kSmemBytes <= 227 * 1024, "more than the 227 KB of shared memory a block may have");
 
-__device__ __forceinline__ int64_t n_eligible(int64_t p, int ratio, int64_t n_entries) {
-    const int64_t e = (p + 1) / ratio;
-    return e < n_entries ? e : n_entries;
-}
-
 // Output row r: input row (r / heads_out) · heads_in + r % heads_out when r % heads_out <
 // heads_in, else a pad row. factor_out[r] = s · (mult ? mult[input row] : factor), 0 for pads.
 __global__ void quantize_rows_kernel(const __nv_bfloat16* x, int dim, int heads_in, int heads_out,
@@ -78,7 +72,7 @@ __global__ void quantize_rows_kernel(const __nv_bfloat16* x, int dim, int heads_
     }
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     amax = fp8_device::warp_max(amax);
-    const float s = amax > 0.0f ? amax / fp8_device::kE4m3Max : 1.0f;
+    const float s = fp8_device::e4m3_scale(amax);
     const uint32_t lo =
         __nv_cvt_float2_to_fp8x2(make_float2(v[0] / s, v[1] / s), __NV_SATFINITE, __NV_E4M3);
     const uint32_t hi =
@@ -227,7 +221,6 @@ void quantize_rows(const __nv_bfloat16* x, int dim, int heads_in, int heads_out,
 void score(const uint8_t* q8, const float* wq, const int64_t* pos, int64_t rows, const uint8_t* k8,
            const float* kfactor, int64_t n_entries, int ratio, float* scores, cudaStream_t stream) {
     if (rows == 0 || n_entries == 0) return;
-    CPFILL_CHECK(supported(), "the fp8 indexer needs a GPU of compute capability 9.0 (Hopper)");
     CPFILL_CHECK(rows * kHeads < (int64_t{1} << 31) && n_entries < (int64_t{1} << 31),
                  "fp8 indexer: {} queries × {} entries out of range", rows, n_entries);
     const CUtensorMap mq = e4m3_tile_map(q8, rows * kHeads, kDim, kQBox, "fp8 indexer queries");

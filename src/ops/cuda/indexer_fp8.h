@@ -29,7 +29,8 @@ void quantize_rows(const __nv_bfloat16* x, int dim, int heads_in, int heads_out,
 
 // scores[t, e] = kfactor[e] · Σ_h wq[t, h] · ReLU(q8[t, h] · k8[e]) for t < rows and the eligible
 // e < min((pos[t] + 1) / ratio, n_entries) (other entries untouched); q8 [rows, 64, 128],
-// wq [rows, 64], k8 [n_entries, 128], scores rows of n_entries floats. q8 and k8 16-byte aligned.
+// wq [rows, 64], k8 [n_entries, 128], scores rows of n_entries floats. q8 and k8 16-byte aligned;
+// the caller has checked supported() (indexer_topk does, once per call).
 void score(const uint8_t* q8, const float* wq, const int64_t* pos, int64_t rows, const uint8_t* k8,
            const float* kfactor, int64_t n_entries, int ratio, float* scores, cudaStream_t stream);
 

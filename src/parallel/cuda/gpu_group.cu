@@ -179,12 +179,8 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
         CPFILL_CHECK(r->rank >= 0 && r->rank < C, "rank {} outside a group of {}", r->rank, C);
         CPFILL_CHECK(r->device >= 0 && r->device < n_dev,
                      "rank {}: GPU {} does not exist ({} visible)", r->rank, r->device, n_dev);
-        int major = 0, minor = 0;  // --indexer fp8 on a GPU without the kernel: refused up front
-        CPFILL_CUDA_CHECK(
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, r->device));
-        CPFILL_CUDA_CHECK(
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, r->device));
-        (void)gpu_indexer_fp8(opt.indexer, opt.weights, major == 9 && minor == 0);
+        // --indexer fp8 on a GPU without the kernel: refused up front.
+        (void)gpu_indexer_fp8(opt.indexer, opt.weights, cuda::device_is_sm90(r->device));
         g.ranks.push_back(std::move(r));
     }
     g.local = local;
