@@ -104,11 +104,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int row0 = ((tid & 127) >> 5) * 16 + g, row1 = row0 + 8;  // this thread's fragment rows
     const int64_t p = pos[t];
-    const KeyList kl =
-        key_list(p, t, window, window_size, entries, n_entries, ratio, entry_idx, idx_stride);
-    const int n_tiles = static_cast<int>((kl.n_keys + kTile - 1) / kTile);
 
-    {  // Q (its own group), then key tile 0 and the entry rows of tile 1
+    {  // Q (its own group) first, then the key list; key tile 0 and the entry rows of tile 1
         const int c = tid & 63;
         for (int r = tid >> 6; r < kM; r += kThreads / 64) {
             const bool valid = h0 + r < n_heads;
@@ -117,6 +114,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     }
     cp_async_commit();
+    const KeyList kl =
+        key_list(p, t, window, window_size, entries, n_entries, ratio, entry_idx, idx_stride);
+    const int n_tiles = static_cast<int>((kl.n_keys + kTile - 1) / kTile);
     load_tile(s.k[0], kl, 0, nullptr);
     prefetch_sel(s.sel[1], kl, kTile);
     cp_async_commit();
@@ -142,14 +142,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_wait<0>();
         fence_proxy_async_shared();  // the copies (and the prologue) → wgmma's reads
         __syncthreads();  // tile `it` visible; every warp is done with tile it − 1 and with P
-        if (it + 1 < n_tiles) {  // tile it + 1 and the entry rows of tile it + 2
-            load_tile(s.k[buf ^ 1], kl, static_cast<int64_t>(it + 1) * kTile, s.sel[buf ^ 1]);
-            prefetch_sel(s.sel[buf], kl, static_cast<int64_t>(it + 2) * kTile);
-            cp_async_commit();
-        }
         const uint32_t k_addr = smem_u32(s.k[buf]);
 
-        // Logits of this warpgroup's 32 keys.
+        // Logits of this warpgroup's 32 keys, issued before the copies of the next tile so that
+        // the tensor cores work while the threads compute the rows' addresses.
         float acc[16];
         wgmma_fence();
 #pragma unroll
@@ -160,6 +156,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  kk);
         }
         wgmma_commit();
+        if (it + 1 < n_tiles) {  // tile it + 1 and the entry rows of tile it + 2
+            load_tile(s.k[buf ^ 1], kl, static_cast<int64_t>(it + 1) * kTile, s.sel[buf ^ 1]);
+            prefetch_sel(s.sel[buf], kl, static_cast<int64_t>(it + 2) * kTile);
+            cp_async_commit();
+        }
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) reg_fence(acc[i]);
