@@ -68,16 +68,27 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 
 // Starts the copy of keys k0 … k0 + kTile − 1 of the list into dst (rows past the list: zeros).
 // Thread i copies chunk i % 64 of rows i / 64, i / 64 + 4, …: a warp reads 512 contiguous bytes.
-__device__ __forceinline__ void load_tile(unsigned char* dst, const KeyList& kl, int64_t k0,
+// Key counts fit 32 bits (a window plus one row of entry_idx, or the eligible entries), so the
+// per-row work is 32-bit but for the final address.
+__device__ __forceinline__ void load_tile(unsigned char* dst, const KeyList& kl, int k0,
                                           const int32_t* sel_tile) {
     const int c = threadIdx.x & 63;
     const uint32_t base = smem_u32(dst);
+    const int n_window = static_cast<int>(kl.n_window), n_keys = static_cast<int>(kl.n_keys);
+    const __nv_bfloat16* wrow0 = kl.window + kl.j0 * kHeadDim + c * 8;
+    const __nv_bfloat16* erow0 = kl.entries + c * 8;
 #pragma unroll 4
     for (int r = threadIdx.x >> 6; r < kTile; r += kThreads / 64) {
-        const int64_t key = k0 + r;
-        const bool valid = key < kl.n_keys;
-        const __nv_bfloat16* row = valid ? key_row(kl, key, sel_tile, r) : kl.window;
-        cp_async16(base + swz(r, c), row + c * 8, valid);
+        const int key = k0 + r;
+        const __nv_bfloat16* src = kl.window;
+        if (key < n_window) {
+            src = wrow0 + key * kHeadDim;
+        } else if (key < n_keys) {
+            const int e = key - n_window;
+            const int er = kl.sel ? (sel_tile ? sel_tile[r] : kl.sel[e]) : e;
+            src = erow0 + static_cast<int64_t>(er) * kHeadDim;
+        }
+        cp_async16(base + swz(r, c), src, key < n_keys);
     }
 }
 
@@ -132,7 +143,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const float scale_log2 = scale * kLog2e;
-    const uint32_t q_addr = smem_u32(s.q), p_addr = smem_u32(s.p);
+    // Descriptors are built once: moving along a tile adds (bytes >> 4) to the start address
+    // field, which never carries out of it (shared addresses are below 2^18).
+    const uint64_t q_desc = wgmma_desc_sw128_lbo(smem_u32(s.q), 16);
+    const uint64_t p_desc = wgmma_desc_sw128_lbo(smem_u32(s.p), 16);
+    uint64_t k_desc[2], v_desc[2];  // this warpgroup's keys (logits) and channels (P·V) per buffer
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+        k_desc[b] = wgmma_desc_sw128_lbo(smem_u32(s.k[b]) + wg * kKeysPerWg * 128, 16);
+        v_desc[b] = wgmma_desc_sw128_lbo(smem_u32(s.k[b]) + wg * (kDimsPerWg / 64) * kBlockBytes,
+                                         kBlockBytes);
+    }
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
@@ -142,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_wait<0>();
         fence_proxy_async_shared();  // the copies (and the prologue) → wgmma's reads
         __syncthreads();  // tile `it` visible; every warp is done with tile it − 1 and with P
-        const uint32_t k_addr = smem_u32(s.k[buf]);
+        const uint64_t kd = buf ? k_desc[1] : k_desc[0], vd = buf ? v_desc[1] : v_desc[0];
 
         // Logits of this warpgroup's 32 keys, issued before the copies of the next tile so that
         // the tensor cores work while the threads compute the rows' addresses.
@@ -150,14 +171,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const uint32_t off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-            wgmma_m64n32k16_bf16(acc, wgmma_desc_sw128_lbo(q_addr + off, 16),
-                                 wgmma_desc_sw128_lbo(k_addr + off + wg * kKeysPerWg * 128, 16),
-                                 kk);
+            const uint32_t off = ((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4;
+            wgmma_m64n32k16_bf16(acc, q_desc + off, kd + off, kk);
         }
         wgmma_commit();
         if (it + 1 < n_tiles) {  // tile it + 1 and the entry rows of tile it + 2
-            load_tile(s.k[buf ^ 1], kl, static_cast<int64_t>(it + 1) * kTile, s.sel[buf ^ 1]);
+            load_tile(s.k[buf ^ 1], kl, (it + 1) * kTile, s.sel[buf ^ 1]);
             prefetch_sel(s.sel[buf], kl, static_cast<int64_t>(it + 2) * kTile);
             cp_async_commit();
         }
@@ -226,11 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kTile / 16; ++kk)
-            wgmma_m64n256k16_bf16_bmn(
-                o, wgmma_desc_sw128_lbo(p_addr + kk * 32, 16),
-                wgmma_desc_sw128_lbo(k_addr + wg * (kDimsPerWg / 64) * kBlockBytes + kk * 16 * 128,
-                                     kBlockBytes),
-                1);
+            wgmma_m64n256k16_bf16_bmn(o, p_desc + kk * 2, vd + kk * (16 * 128 >> 4), 1);
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
