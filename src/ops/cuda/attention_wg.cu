@@ -1,32 +1,34 @@
 // attention_wg: the attention of ops/cuda/attention.h (AttnArgs) on Hopper's warpgroup MMAs
 // (wgmma, bf16 → fp32, sm_90a). One block of two warpgroups per (query, group of 64 heads); the
-// query's key list (window keys, then entries) streams through shared memory in tiles of kTile = 64
-// keys, double-buffered with cp.async (every thread copies 16 rows' worth of 16-byte chunks of the
-// next tile while the tile in hand is computed; the CSA entry_idx values of the tile after it are
-// staged in shared memory so row addresses never wait on global loads).
+// query's key list (window keys, then entries) streams through a ring of kStages = 3 shared tiles
+// of kTile = 48 keys by cp.async, two tiles ahead of the one computed (every thread copies 16-byte
+// chunks of 12 rows; the CSA entry_idx values of a tile are staged in shared memory two tiles
+// before its rows are copied, so row addresses never wait on global loads). The window rows of the
+// first two tiles are copied before the key list is counted (they need only the position).
 //
-// Shared tiles are K-major rows of 128 bytes in the 128-byte swizzle (8 blocks of 64 channels,
-// each 64 rows × 128 bytes): Q [64 heads × 512], each key tile [64 keys × 512] (K = V) and
-// P [64 heads × 64 keys]. A key tile is the B operand of both products: K-major for S = Q·Kᵀ, and
-// MN-major (transposed) for O += P·V, where the 64-channel blocks are the MN atoms, 8192 bytes
-// apart.
+// Shared tiles are K-major rows of 128 bytes in the 128-byte swizzle (8 blocks of 64 channels):
+// Q [64 heads × 512], each key tile [48 keys × 512] (K = V) and P [64 heads × 48 keys, in 64
+// columns]. A key tile is the B operand of both products: K-major for S = Q·Kᵀ, and MN-major
+// (transposed) for O += P·V, where the 64-channel blocks are the MN atoms, 6144 bytes apart.
+// Descriptors are built once per block and moved by adding to their address field.
 //
 // Per tile, warpgroup w ∈ {0, 1}:
-//   logits   S_w[64 heads, 32 keys] = Q · K[32w … 32w + 31]ᵀ (32 wgmma m64n32k16 over the 512
-//            channels), masked past the list, in the log2 domain;
+//   logits   S_w[64 heads, 24 keys] = Q · K[24w … 24w + 23]ᵀ (32 wgmma m64n24k16 over the 512
+//            channels), masked past the list, in the log2 domain; the next copies are issued
+//            while these MMAs run;
 //   softmax  online, fp32: the row maxima of both halves meet in shared memory; every thread keeps
 //            the running max m of its two rows (both warpgroups compute the same values) and its
 //            partial row sum l over its own columns (of the bf16-rounded probabilities, so
 //            numerator and denominator agree), rescaled by e^(m_old − m_new) each tile;
-//   P        written as bf16 into its 32 columns of P;
-//   P·V      O_w[64 heads, channels 256w … 256w + 255] += P · V (4 wgmma m64n256k16), O in fp32
+//   P        written as bf16 into its 24 columns of P;
+//   P·V      O_w[64 heads, channels 256w … 256w + 255] += P · V (3 wgmma m64n256k16), O in fp32
 //            registers (128 per thread), rescaled first.
-// Three block barriers per tile: the tile has landed (and the previous one is free), the maxima,
+// Three block barriers per tile: the tile has landed (and the tile before it is free), the maxima,
 // the P tile. Padded heads (beyond n_heads) are zero queries whose rows are never written; keys
 // beyond the list are zero rows with logit −∞. The epilogue adds the two warpgroups' row sums and
 // the sink (denominator only), applies the inverse RoPE in fp32 and stages the bf16 output in the
 // (free) Q buffer for coalesced stores. The optional prologue (q_norm, rope_dim) is
-// attention_tc's: one warp per head row once Q has landed, while key tile 0 is in flight.
+// attention_tc's: one warp per head row once Q has landed, while the key tiles are in flight.
 #include <cstdint>
 
 #include "ops/cuda/attention.h"
@@ -43,35 +45,42 @@ namespace {
 
 using namespace attention_device;
 
-constexpr int kM = 64;                            // heads per block (wgmma's M)
-constexpr int kTile = 64;                         // keys per tile
-constexpr int kThreads = 256;                     // two warpgroups
-constexpr int kKeysPerWg = kTile / 2;             // logits: keys of a warpgroup
-constexpr int kDimsPerWg = kHeadDim / 2;          // P·V: output channels of a warpgroup
-constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
-constexpr uint32_t kBlockBytes = 64 * 128;        // one 64-channel block of 64 rows
-constexpr uint32_t kRowsBytes = 8 * kBlockBytes;  // 64 rows × 512 channels (Q, a key tile)
+constexpr int kM = 64;                     // heads per block (wgmma's M)
+constexpr int kTile = 48;                  // keys per tile
+constexpr int kStages = 3;                 // key tiles in shared memory
+constexpr int kSelSlots = 4;               // staged entry_idx rows (two tiles ahead of the copies)
+constexpr int kThreads = 256;              // two warpgroups
+constexpr int kKeysPerWg = kTile / 2;      // logits: keys of a warpgroup
+constexpr int kDimsPerWg = kHeadDim / 2;   // P·V: output channels of a warpgroup
+constexpr int kChunks = kHeadDim / 8;      // 16-byte chunks per row
+constexpr uint32_t kQBlock = kM * 128;     // Q's (and P's) 64-channel block: 64 rows × 128 bytes
+constexpr uint32_t kKBlock = kTile * 128;  // a key tile's 64-channel block
+constexpr uint32_t kKBytes = 8 * kKBlock;
 
 struct WgSmem {
-    alignas(1024) unsigned char q[kRowsBytes];  // Q; the output's staging at the end
-    alignas(1024) unsigned char k[2][kRowsBytes];
-    alignas(1024) unsigned char p[kBlockBytes];  // P [64 heads × 64 keys]
-    float red_max[2][kM];                        // each warpgroup's row maxima of this tile
-    float red_sum[2][kM];                        // each warpgroup's row sums at the end
-    int32_t sel[2][kTile];                       // entry_idx values of a coming tile
+    alignas(1024) unsigned char q[8 * kQBlock];  // Q; the output's staging at the end
+    alignas(1024) unsigned char k[kStages][kKBytes];
+    alignas(1024) unsigned char p[kQBlock];  // P [64 heads × 48 keys] in 64 columns
+    float red_max[2][kM];                    // each warpgroup's row maxima of this tile
+    float red_sum[2][kM];                    // each warpgroup's row sums at the end
+    int32_t sel[kSelSlots][kTile];           // entry_idx values of coming tiles, slot = tile % 4
 };
 
-// Byte offset of 16-byte chunk c (0 … 63) of row r in a [64 rows × 512 channels] swizzled tile.
-__device__ __forceinline__ uint32_t swz(int r, int c) {
-    return (c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+// Byte offset of 16-byte chunk c (0 … 63) of row r in a swizzled [rows × 512 channels] tile whose
+// 64-channel blocks are `block` bytes apart.
+__device__ __forceinline__ uint32_t swz(int r, int c, uint32_t block) {
+    return (c >> 3) * block + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-// Starts the copy of keys k0 … k0 + kTile − 1 of the list into dst (rows past the list: zeros).
-// Thread i copies chunk i % 64 of rows i / 64, i / 64 + 4, …: a warp reads 512 contiguous bytes.
-// Key counts fit 32 bits (a window plus one row of entry_idx, or the eligible entries), so the
-// per-row work is 32-bit but for the final address.
-__device__ __forceinline__ void load_tile(unsigned char* dst, const KeyList& kl, int k0,
-                                          const int32_t* sel_tile) {
+// Starts the copy of the rows of keys k0 … k0 + kTile − 1 of the list into dst: the window rows
+// (key < n_window) when `window_rows`, the others (entries; zeros past the list) when
+// `other_rows`. Thread i copies chunk i % 64 of rows i / 64, i / 64 + 4, …: a warp reads 512
+// contiguous bytes. CSA entry rows come from sel_tile (staged by prefetch_sel) or, when it is
+// null, from kl.sel. Key counts fit 32 bits (a window plus one row of entry_idx, or the eligible
+// entries), so the per-row work is 32-bit but for the final address.
+__device__ __forceinline__ void load_rows(unsigned char* dst, const KeyList& kl, int k0,
+                                          const int32_t* sel_tile, bool window_rows,
+                                          bool other_rows) {
     const int c = threadIdx.x & 63;
     const uint32_t base = smem_u32(dst);
     const int n_window = static_cast<int>(kl.n_window), n_keys = static_cast<int>(kl.n_keys);
@@ -80,15 +89,17 @@ __device__ __forceinline__ void load_tile(unsigned char* dst, const KeyList& kl,
 #pragma unroll 4
     for (int r = threadIdx.x >> 6; r < kTile; r += kThreads / 64) {
         const int key = k0 + r;
-        const __nv_bfloat16* src = kl.window;
         if (key < n_window) {
-            src = wrow0 + key * kHeadDim;
-        } else if (key < n_keys) {
-            const int e = key - n_window;
-            const int er = kl.sel ? (sel_tile ? sel_tile[r] : kl.sel[e]) : e;
-            src = erow0 + static_cast<int64_t>(er) * kHeadDim;
+            if (window_rows) cp_async16(base + swz(r, c, kKBlock), wrow0 + key * kHeadDim, true);
+        } else if (other_rows) {
+            const __nv_bfloat16* src = kl.window;
+            if (key < n_keys) {
+                const int e = key - n_window;
+                const int er = kl.sel ? (sel_tile ? sel_tile[r] : kl.sel[e]) : e;
+                src = erow0 + static_cast<int64_t>(er) * kHeadDim;
+            }
+            cp_async16(base + swz(r, c, kKBlock), src, key < n_keys);
         }
-        cp_async16(base + swz(r, c), src, key < n_keys);
     }
 }
 
@@ -116,30 +127,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row0 = ((tid & 127) >> 5) * 16 + g, row1 = row0 + 8;  // this thread's fragment rows
     const int64_t p = pos[t];
 
-    {  // Q (its own group) first, then the key list; key tile 0 and the entry rows of tile 1
+    // Group 0: Q and the window rows of tiles 0 and 1 (they need only the position); group 1:
+    // the other rows of tile 0 and the entry_idx values of tiles 2 and 3; group 2: the other rows
+    // of tile 1. The loop then commits one group per tile and waits for all but the newest.
+    {
         const int c = tid & 63;
         for (int r = tid >> 6; r < kM; r += kThreads / 64) {
             const bool valid = h0 + r < n_heads;
             const __nv_bfloat16* src = valid ? q + (t * n_heads + h0 + r) * kHeadDim + c * 8 : q;
-            cp_async16(smem_u32(s.q) + swz(r, c), src, valid);
+            cp_async16(smem_u32(s.q) + swz(r, c, kQBlock), src, valid);
         }
+        KeyList w{};
+        w.window = window;
+        w.j0 = p - window_size + 1 > 0 ? p - window_size + 1 : 0;
+        w.n_window = w.n_keys = p - w.j0 + 1;
+        load_rows(s.k[0], w, 0, nullptr, true, false);
+        load_rows(s.k[1], w, kTile, nullptr, true, false);
     }
     cp_async_commit();
     const KeyList kl =
         key_list(p, t, window, window_size, entries, n_entries, ratio, entry_idx, idx_stride);
     const int n_tiles = static_cast<int>((kl.n_keys + kTile - 1) / kTile);
-    load_tile(s.k[0], kl, 0, nullptr);
-    prefetch_sel(s.sel[1], kl, kTile);
+    load_rows(s.k[0], kl, 0, nullptr, false, true);
+    prefetch_sel(s.sel[2], kl, 2 * kTile);
+    prefetch_sel(s.sel[3], kl, 3 * kTile);
+    cp_async_commit();
+    load_rows(s.k[1], kl, kTile, nullptr, false, true);
     cp_async_commit();
     if (q_norm || rope_dim > 0) {
-        cp_async_wait<1>();  // this thread's Q copies (tile 0 may still be in flight)
+        cp_async_wait<2>();  // this thread's Q copies (tiles 0 and 1 may still be in flight)
         __syncthreads();
         const int n_rows = n_heads - h0 < kM ? n_heads - h0 : kM;  // padded rows stay zero
         const LaneRope rope = lane_rope(lane, rope_dim, inv_freq, static_cast<float>(p));
         for (int r = tid >> 5; r < n_rows; r += kThreads / 32)
-            norm_rope_row(reinterpret_cast<uint4*>(s.q + swz(r, lane)),
-                          reinterpret_cast<uint4*>(s.q + swz(r, lane + 32)), q_norm, q_norm_eps,
-                          rope);
+            norm_rope_row(reinterpret_cast<uint4*>(s.q + swz(r, lane, kQBlock)),
+                          reinterpret_cast<uint4*>(s.q + swz(r, lane + 32, kQBlock)), q_norm,
+                          q_norm_eps, rope);
     }
 
     const float scale_log2 = scale * kLog2e;
@@ -147,48 +170,47 @@ __global__ void __launch_bounds__(kThreads, 1)
     // field, which never carries out of it (shared addresses are below 2^18).
     const uint64_t q_desc = wgmma_desc_sw128_lbo(smem_u32(s.q), 16);
     const uint64_t p_desc = wgmma_desc_sw128_lbo(smem_u32(s.p), 16);
-    uint64_t k_desc[2], v_desc[2];  // this warpgroup's keys (logits) and channels (P·V) per buffer
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-        k_desc[b] = wgmma_desc_sw128_lbo(smem_u32(s.k[b]) + wg * kKeysPerWg * 128, 16);
-        v_desc[b] = wgmma_desc_sw128_lbo(smem_u32(s.k[b]) + wg * (kDimsPerWg / 64) * kBlockBytes,
-                                         kBlockBytes);
-    }
+    // This warpgroup's keys (logits) and channels (P·V) in stage 0; stage b adds b · kKBytes.
+    const uint64_t k_desc0 = wgmma_desc_sw128_lbo(smem_u32(s.k[0]) + wg * kKeysPerWg * 128, 16);
+    const uint64_t v_desc0 =
+        wgmma_desc_sw128_lbo(smem_u32(s.k[0]) + wg * (kDimsPerWg / 64) * kKBlock, kKBlock);
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    for (int it = 0; it < n_tiles; ++it) {
-        const int buf = it & 1;
-        cp_async_wait<0>();
+    for (int it = 0, stage = 0; it < n_tiles; ++it, stage = stage == kStages - 1 ? 0 : stage + 1) {
+        cp_async_wait<1>();          // every group but the newest (tile it + 1's)
         fence_proxy_async_shared();  // the copies (and the prologue) → wgmma's reads
         __syncthreads();  // tile `it` visible; every warp is done with tile it − 1 and with P
-        const uint64_t kd = buf ? k_desc[1] : k_desc[0], vd = buf ? v_desc[1] : v_desc[0];
+        const uint64_t kd = k_desc0 + stage * (kKBytes >> 4), vd = v_desc0 + stage * (kKBytes >> 4);
 
-        // Logits of this warpgroup's 32 keys, issued before the copies of the next tile so that
-        // the tensor cores work while the threads compute the rows' addresses.
-        float acc[16];
+        // Logits of this warpgroup's 24 keys, issued before the copies of tile it + 2 (into the
+        // stage tile it − 1 has left) so that the tensor cores work while the threads compute the
+        // rows' addresses.
+        float acc[12];
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-            const uint32_t off = ((kk >> 2) * kBlockBytes + (kk & 3) * 32) >> 4;
-            wgmma_m64n32k16_bf16(acc, q_desc + off, kd + off, kk);
+            const uint32_t qoff = ((kk >> 2) * kQBlock + (kk & 3) * 32) >> 4;
+            const uint32_t koff = ((kk >> 2) * kKBlock + (kk & 3) * 32) >> 4;
+            wgmma_m64n24k16_bf16(acc, q_desc + qoff, kd + koff, kk);
         }
         wgmma_commit();
-        if (it + 1 < n_tiles) {  // tile it + 1 and the entry rows of tile it + 2
-            load_tile(s.k[buf ^ 1], kl, (it + 1) * kTile, s.sel[buf ^ 1]);
-            prefetch_sel(s.sel[buf], kl, static_cast<int64_t>(it + 2) * kTile);
-            cp_async_commit();
+        if (it + 2 < n_tiles) {
+            const int next = stage == 0 ? kStages - 1 : stage - 1;  // (it + 2) % kStages
+            load_rows(s.k[next], kl, (it + 2) * kTile, s.sel[(it + 2) % kSelSlots], true, true);
+            prefetch_sel(s.sel[it % kSelSlots], kl, static_cast<int64_t>(it + 4) * kTile);
         }
+        cp_async_commit();  // one group per tile, empty or not, for the wait's count
         wgmma_wait<0>();
 #pragma unroll
-        for (int i = 0; i < 16; ++i) reg_fence(acc[i]);
+        for (int i = 0; i < 12; ++i) reg_fence(acc[i]);
 
         const int64_t left = kl.n_keys - static_cast<int64_t>(it) * kTile;
         const int n_valid = left < kTile ? static_cast<int>(left) : kTile;
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < kKeysPerWg / 8; ++j) {
             const int col = wg * kKeysPerWg + j * 8 + 2 * c4;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -214,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         m1 = new1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < kKeysPerWg / 8; ++j) {
             const __nv_bfloat162 lo = __floats2bfloat162_rn(fast_exp2(acc[4 * j] - new0),
                                                             fast_exp2(acc[4 * j + 1] - new0));
             const __nv_bfloat162 hi = __floats2bfloat162_rn(fast_exp2(acc[4 * j + 2] - new1),
@@ -252,6 +274,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 128; ++i) reg_fence(o[i]);
     }
 
+    cp_async_wait<0>();  // copies no tile needed (tile 1's rows when there is one tile)
+
     // Row sums: this thread's columns, then the quad, then both warpgroups.
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
@@ -279,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             rope_cos_sin(ch, rope_dim, inv_freq, static_cast<float>(p), true, cs, sn);
             float a = o[4 * j + 2 * half] * inv, b = o[4 * j + 2 * half + 1] * inv;
             rope_device::rotate(a, b, cs, sn);
-            *reinterpret_cast<__nv_bfloat162*>(s.q + swz(r, ch >> 3) + (ch & 7) * 2) =
+            *reinterpret_cast<__nv_bfloat162*>(s.q + swz(r, ch >> 3, kQBlock) + (ch & 7) * 2) =
                 __floats2bfloat162_rn(a, b);
         }
     }
@@ -288,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int r = i / kChunks, c = i % kChunks;
         if (h0 + r < n_heads)
             *reinterpret_cast<uint4*>(&out[(t * n_heads + h0 + r) * kHeadDim + c * 8]) =
-                *reinterpret_cast<const uint4*>(s.q + swz(r, c));
+                *reinterpret_cast<const uint4*>(s.q + swz(r, c, kQBlock));
     }
 }
 

@@ -18,20 +18,19 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128_lbo(uint32_t addr, uint32_t
            (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
-// d[64×32] (+)= a[64×16] · b[32×16]ᵀ: bf16, a and b K-major. accumulate = 0 overwrites d.
-__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t a, uint64_t b,
+// d[64×24] (+)= a[64×16] · b[24×16]ᵀ: bf16, a and b K-major. accumulate = 0 overwrites d.
+__device__ __forceinline__ void wgmma_m64n24k16_bf16(float (&d)[12], uint64_t a, uint64_t b,
                                                      int accumulate) {
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
-        "setp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "%16, %17, p, 1, 1, 0, 0;\n"
+        "setp.ne.b32 p, %14, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
+        "%12, %13, p, 1, 1, 0, 0;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15])
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
