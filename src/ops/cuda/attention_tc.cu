@@ -351,6 +351,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool loader = warp >= kLoadWarp0;
     const int64_t p = pos[t];
 
+    // Q's copies first: their latency overlaps the key list's count (a global read of the row of
+    // entry_idx and a block barrier per 256 values).
+    for (int i = tid; i < kM * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = (i % kChunks) * 8;
+        const bool valid = h0 + r < n_heads;
+        const __nv_bfloat16* src = valid ? q + (t * n_heads + h0 + r) * kHeadDim + c : q;
+        cp_async16(smem_u32(&s.q[r][c]), src, valid);
+    }
+    cp_async_commit();
     KeyList kl;
     kl.window = window;
     kl.j0 = p - window_size + 1 > 0 ? p - window_size + 1 : 0;
@@ -371,13 +380,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         s.m[0][tid] = -INFINITY;
         s.l[tid] = 0.0f;
     }
-    for (int i = tid; i < kM * kChunks; i += kThreads) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
-        const bool valid = h0 + r < n_heads;
-        const __nv_bfloat16* src = valid ? q + (t * n_heads + h0 + r) * kHeadDim + c : q;
-        cp_async16(smem_u32(&s.q[r][c]), src, valid);
-    }
-    cp_async_commit();
     if (loader) {
         load_tile(s.k[0], kl, 0, nullptr, warp - kLoadWarp0);
         prefetch_sel(s.sel[1], kl, kTile, tid - kLoadWarp0 * 32);
