@@ -6,10 +6,11 @@
 # all 256 experts (~30 GB to write: many minutes); SERVE_CONFIG=scripts/configs/flash-slice-32-
 # experts.json is V4-Flash's dimensions with 32 experts (4.4 GB, as scripts/load-check.sh loads).
 # SERVE_LONG=N adds one request
-# of N tokens, over the default 8192-token batch budget, which the server runs in chunks. Logs and
-# results under $OUT (or ./gpu-out).
+# of N tokens, over the default 8192-token batch budget, which the server runs in chunks.
+# SERVE_CP=N serves over N GPUs (`serve --cp N`); SERVE_CLIENTS the bench-serve concurrencies
+# (default 1,8). Logs and results under $OUT (or ./gpu-out).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 bin=build-gpu/cpfill
@@ -23,7 +24,8 @@ else
 fi
 "$bin" gen-model "${source_args[@]}" --names upstream --dtype fp8 --experts fp4 \
     --out "$model" >"$out/serve-gen.log" 2>&1 || { echo "serve-check: gen-model failed"; exit 1; }
-"$bin" serve --model "$model" --device cuda --port 0 >"$out/serve.out" 2>"$out/serve.log" &
+"$bin" serve --model "$model" --device cuda --cp "${SERVE_CP:-1}" --port 0 >"$out/serve.out" \
+    2>"$out/serve.log" &
 pid=$!
 port=""
 for _ in $(seq 1 600); do  # the port line comes before the load; at most 60 s
@@ -56,7 +58,7 @@ print(f"serve-check: a {sys.argv[3]}-token request: HTTP {sys.argv[2]}, prefill 
 PY
 fi
 curl -s "$url/metrics" >"$out/serve-metrics.txt" || status=1
-"$bin" bench-serve --url "$url" --concurrency 1,8 --lengths "${SERVE_LENGTHS:-200,1k}" --requests 32 \
+"$bin" bench-serve --url "$url" --concurrency "${SERVE_CLIENTS:-1,8}" --lengths "${SERVE_LENGTHS:-200,1k}" --requests 32 \
     --json "$out/bench-serve.json" >"$out/bench-serve.md" 2>"$out/bench-serve.log" || status=1
 kill -TERM "$pid"
 wait "$pid" || status=1
