@@ -58,8 +58,9 @@ print(f"serve-check: a {sys.argv[3]}-token request: HTTP {sys.argv[2]}, prefill 
 PY
 fi
 curl -s "$url/metrics" >"$out/serve-metrics.txt" || status=1
-"$bin" bench-serve --url "$url" --concurrency "${SERVE_CLIENTS:-1,8}" --lengths "${SERVE_LENGTHS:-200,1k}" --requests 32 \
-    --json "$out/bench-serve.json" >"$out/bench-serve.md" 2>"$out/bench-serve.log" || status=1
+"$bin" bench-serve --url "$url" --concurrency "${SERVE_CLIENTS:-1,8}" \
+    --lengths "${SERVE_LENGTHS:-200,1k}" --requests 32 --json "$out/bench-serve.json" \
+    >"$out/bench-serve.md" 2>"$out/bench-serve.log" || status=1
 kill -TERM "$pid"
 wait "$pid" || status=1
 grep -h "ready\|error" "$out/serve.log" | head -5

@@ -118,7 +118,6 @@ std::string error_line(const std::exception& e) {
     return line;
 }
 
-// "a,b,c" → items; an empty item is an error naming the option.
 void add_indexer_option(CLI::App& c, std::string& value) {
     c.add_option("--indexer", value,
                  "cuda: how the GPUs score the indexer: auto (fp8 with fp8 or fp4 weights on "
@@ -127,6 +126,7 @@ void add_indexer_option(CLI::App& c, std::string& value) {
         ->capture_default_str();
 }
 
+// "a,b,c" → items; an empty item is an error naming the option.
 std::vector<std::string> split_list(const std::string& text, const char* option) {
     std::vector<std::string> items;
     size_t start = 0;
