@@ -53,7 +53,6 @@ struct TcSmem {
     float l[kM];                                 // running row sum
     float alpha[kM];                             // this tile's rescale e^(m_old − m_new)
     int32_t sel[2][kTile];  // entry_idx values of a coming tile, slot = tile parity
-    int64_t n_keys;         // the key-list length of the item about to start
 };
 
 // The query's key list: n_window window rows from row j0, then entries (sel[e] or e).
@@ -332,192 +331,124 @@ __device__ __forceinline__ void softmax_tile(TcSmem<kM>& s, bool logits_warp, in
     __syncthreads();  // P, row sums, alpha
 }
 
-// The query's key list without its length: the caller sets n_keys (n_window + entry_count, or the
-// value a loader warp left in shared memory).
-__device__ __forceinline__ KeyList key_list(const AttnArgs& a, int64_t t, int64_t p) {
-    KeyList kl;
-    kl.window = a.window;
-    kl.j0 = p - a.window_size + 1 > 0 ? p - a.window_size + 1 : 0;
-    kl.n_window = p - kl.j0 + 1;
-    kl.entries = a.entries;
-    kl.sel = a.entry_idx ? a.entry_idx + t * a.idx_stride : nullptr;
-    kl.n_keys = kl.n_window;
-    return kl;
-}
-
-// Entries in query t's list: CSA counts its row of entry_idx (valid values first, −1 padding
-// after), by one warp with ballots and no block barrier; HCA every eligible entry; sliding none.
-// Called by whole warps; every lane returns the count.
-__device__ __forceinline__ int64_t entry_count(const AttnArgs& a, int64_t t, int64_t p) {
-    if (a.entry_idx) {
-        const int32_t* sel = a.entry_idx + t * a.idx_stride;
-        const int lane = threadIdx.x & 31;
-        int n = 0;
-#pragma unroll 4
-        for (int64_t i0 = 0; i0 < a.idx_stride; i0 += 32) {
-            const int64_t i = i0 + lane;
-            n += __popc(__ballot_sync(0xffffffffu, i < a.idx_stride && sel[i] >= 0));
-        }
-        return n;
-    }
-    if (a.ratio > 0) return (p + 1) / a.ratio < a.n_entries ? (p + 1) / a.ratio : a.n_entries;
-    return 0;
-}
-
-// Starts the copy of query t's rows h0 … h0 + kM − 1 into s.q (all threads); padded heads are
-// zeros.
 template <int kM>
-__device__ __forceinline__ void load_q(TcSmem<kM>& s, const AttnArgs& a, int64_t t, int h0) {
-    for (int i = threadIdx.x; i < kM * kChunks; i += kThreads) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
-        const bool valid = h0 + r < a.n_heads;
-        const __nv_bfloat16* src = valid ? a.q + (t * a.n_heads + h0 + r) * kHeadDim + c : a.q;
-        cp_async16(smem_u32(&s.q[r][c]), src, valid);
-    }
-}
-
-// Persistent: each block takes the items (query, head group) blockIdx.x, blockIdx.x + gridDim.x,
-// … and overlaps each item's fixed work with the previous item's last tile: during that tile the
-// loader warps count the next item's entries and copy its first key tile (into the free buffer),
-// and once the last logits are done every thread copies the next Q. The output is staged in the
-// last tile's buffer, not in s.q, so the next Q can land during the P·V and the store.
-template <int kM>
-__global__ void __launch_bounds__(kThreads, 1) attention_tc_kernel(const AttnArgs a) {
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_tc_kernel(const __nv_bfloat16* q, const int64_t* pos, int n_heads,
+                        const __nv_bfloat16* window, int window_size, const __nv_bfloat16* entries,
+                        int64_t n_entries, int ratio, const int32_t* entry_idx, int64_t idx_stride,
+                        const float* sinks, float scale, __nv_bfloat16* out, bool q_norm,
+                        float q_norm_eps, int rope_dim, const float* inv_freq) {
     constexpr int kMf = kM / 16;             // 16-head fragments (P·V, every warp)
     constexpr int kMfS = kM >= 32 ? 2 : 1;   // 16-head fragments of a logits warp
     constexpr int kSWarps = 2 * kMf / kMfS;  // logits warps: row blocks × 2 key halves
     static_assert(kSWarps <= kLoadWarp0, "logits and loader warps overlap");
-    static_assert(kM <= kTile, "the output is staged in a key tile's rows");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     TcSmem<kM>& s = *reinterpret_cast<TcSmem<kM>*>(smem_raw);
-    const int n_groups = (a.n_heads + kM - 1) / kM;
-    const int64_t n_items = a.n_q * n_groups;
+    const int n_groups = (n_heads + kM - 1) / kM;
+    const int64_t t = blockIdx.x / n_groups;
+    const int h0 = static_cast<int>(blockIdx.x % n_groups) * kM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const bool loader = warp >= kLoadWarp0;
-    const int lw = warp - kLoadWarp0, sel_i = tid - kLoadWarp0 * 32;
-    const float scale_log2 = a.scale * kLog2e;
+    const int64_t p = pos[t];
 
-    int64_t item = blockIdx.x;
-    int64_t t = item / n_groups;
-    int h0 = static_cast<int>(item % n_groups) * kM;
-    int64_t p = a.pos[t];
-    load_q<kM>(s, a, t, h0);
+    // Q's copies first: their latency overlaps the key list's count (a global read of the row of
+    // entry_idx and a block barrier per 256 values).
+    for (int i = tid; i < kM * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = (i % kChunks) * 8;
+        const bool valid = h0 + r < n_heads;
+        const __nv_bfloat16* src = valid ? q + (t * n_heads + h0 + r) * kHeadDim + c : q;
+        cp_async16(smem_u32(&s.q[r][c]), src, valid);
+    }
     cp_async_commit();
+    KeyList kl;
+    kl.window = window;
+    kl.j0 = p - window_size + 1 > 0 ? p - window_size + 1 : 0;
+    kl.n_window = p - kl.j0 + 1;
+    kl.entries = entries;
+    kl.sel = entry_idx ? entry_idx + t * idx_stride : nullptr;
+    int64_t n_ent = 0;
+    if (kl.sel) {
+        for (int64_t i0 = 0; i0 < idx_stride; i0 += kThreads)
+            n_ent += __syncthreads_count(i0 + tid < idx_stride && kl.sel[i0 + tid] >= 0);
+    } else if (ratio > 0) {
+        n_ent = (p + 1) / ratio < n_entries ? (p + 1) / ratio : n_entries;
+    }
+    kl.n_keys = kl.n_window + n_ent;
+    const int n_tiles = static_cast<int>((kl.n_keys + kTile - 1) / kTile);
+
+    if (tid < kM) {
+        s.m[0][tid] = -INFINITY;
+        s.l[tid] = 0.0f;
+    }
     if (loader) {
-        KeyList kl0 = key_list(a, t, p);
-        kl0.n_keys += entry_count(a, t, p);
-        if (lw == 0 && lane == 0) s.n_keys = kl0.n_keys;
-        load_tile(s.k[0], kl0, 0, nullptr, lw);
-        prefetch_sel(s.sel[1], kl0, kTile, sel_i);
+        load_tile(s.k[0], kl, 0, nullptr, warp - kLoadWarp0);
+        prefetch_sel(s.sel[1], kl, kTile, tid - kLoadWarp0 * 32);
     }
     cp_async_commit();
-
-    int g_it = 0;  // tiles this block has done: the buffer and the max slot of the next tile
-    for (;;) {
-        cp_async_wait<0>();
-        __syncthreads();  // Q, tile 0 and n_keys visible; the previous item's epilogue is done
-        KeyList kl = key_list(a, t, p);
-        kl.n_keys = s.n_keys;
-        const int n_tiles = static_cast<int>((kl.n_keys + kTile - 1) / kTile);
-        if (tid < kM) {
-            s.m[g_it & 1][tid] = -INFINITY;
-            s.l[tid] = 0.0f;
-        }
-        if (a.q_norm || a.rope_dim > 0) {
-            const int n_rows = a.n_heads - h0 < kM ? a.n_heads - h0 : kM;  // padded rows stay 0
-            norm_rope_q<kM>(s, n_rows, a.q_norm, a.q_norm_eps, a.rope_dim, a.inv_freq,
-                            static_cast<float>(p));
-        }
-        const int64_t next = item + gridDim.x;
-        const bool has_next = next < n_items;
-        const int64_t t_next = has_next ? next / n_groups : t;
-        const int h0_next = static_cast<int>(next % n_groups) * kM;
-        const int64_t p_next = has_next ? a.pos[t_next] : 0;
-
-        float o[kMf][8][4] = {};
-        int buf = 0;
-        for (int it = 0; it < n_tiles; ++it, ++g_it) {
-            buf = g_it & 1;
-            cp_async_wait<0>();
-            __syncthreads();  // tile it visible; every warp is done with buffer buf ^ 1
-            if (loader) {
-                if (it + 1 < n_tiles) {  // tile it + 1 and the entry rows of tile it + 2
-                    load_tile(s.k[buf ^ 1], kl, static_cast<int64_t>(it + 1) * kTile,
-                              s.sel[buf ^ 1], lw);
-                    prefetch_sel(s.sel[buf], kl, static_cast<int64_t>(it + 2) * kTile, sel_i);
-                } else if (has_next) {  // the next item's tile 0 and the entry rows of its tile 1
-                    KeyList nk = key_list(a, t_next, p_next);
-                    nk.n_keys += entry_count(a, t_next, p_next);
-                    if (lw == 0 && lane == 0) s.n_keys = nk.n_keys;
-                    load_tile(s.k[buf ^ 1], nk, 0, nullptr, lw);
-                    prefetch_sel(s.sel[buf], nk, kTile, sel_i);
-                }
-                cp_async_commit();
-            }
-            const int64_t left = kl.n_keys - static_cast<int64_t>(it) * kTile;
-            const int n_valid = left < kTile ? static_cast<int>(left) : kTile;
-            softmax_tile<kM, kMfS>(s, warp < kSWarps, buf, buf, warp / 2, warp % 2, n_valid,
-                                   scale_log2);
-            if (it + 1 == n_tiles && has_next) {  // every warp is done with Q
-                load_q<kM>(s, a, t_next, h0_next);
-                cp_async_commit();
-            }
-            if (tid < kM)
-                s.l[tid] = s.l[tid] * s.alpha[tid] + s.red_sum[0][tid] + s.red_sum[1][tid];
-            pv_tile<kM>(s, buf, warp * kDimsPerWarp, o);
-        }
-        __syncthreads();  // final l and m; every warp is done with buffer buf (output staging)
-
-        // Sink in the denominator only: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M = max(m,
-        // sink). Then the inverse RoPE: this thread's channel pairs (d0 + 8nt + 2c4, +1) are RoPE
-        // pairs.
-        const int par = g_it & 1, d0 = warp * kDimsPerWarp;
-        __nv_bfloat16(*stage)[kLd] = s.k[buf];
-        float cs[8], sn[8];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-            rope_cos_sin(d0 + nt * 8 + 2 * c4, a.rope_dim, a.inv_freq, static_cast<float>(p), true,
-                         cs[nt], sn[nt]);
-#pragma unroll
-        for (int mf = 0; mf < kMf; ++mf) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int r = mf * 16 + g + half * 8;
-                float inv = 0.0f;
-                if (h0 + r < a.n_heads) {
-                    const float m = s.m[par][r], sink = a.sinks[h0 + r] * kLog2e;
-                    const float mm = fmaxf(m, sink), f = exp2f(m - mm);
-                    inv = f / (s.l[r] * f + exp2f(sink - mm));
-                }
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    float x = o[mf][nt][2 * half] * inv, y = o[mf][nt][2 * half + 1] * inv;
-                    rope_device::rotate(x, y, cs[nt], sn[nt]);
-                    *reinterpret_cast<__nv_bfloat162*>(&stage[r][d0 + nt * 8 + 2 * c4]) =
-                        __floats2bfloat162_rn(x, y);
-                }
-            }
-        }
-        __syncthreads();
-        for (int i = tid; i < kM * kChunks; i += kThreads) {
-            const int r = i / kChunks, c = (i % kChunks) * 8;
-            if (h0 + r < a.n_heads)
-                *reinterpret_cast<uint4*>(&a.out[(t * a.n_heads + h0 + r) * kHeadDim + c]) =
-                    *reinterpret_cast<const uint4*>(&stage[r][c]);
-        }
-        if (!has_next) break;
-        item = next;
-        t = t_next;
-        h0 = h0_next;
-        p = p_next;
+    if (q_norm || rope_dim > 0) {
+        cp_async_wait<1>();  // this thread's Q copies (tile 0 may still be in flight)
+        __syncthreads();     // every thread's; the loop's first barrier orders the result
+        const int n_rows = n_heads - h0 < kM ? n_heads - h0 : kM;  // padded rows stay zero
+        norm_rope_q<kM>(s, n_rows, q_norm, q_norm_eps, rope_dim, inv_freq, static_cast<float>(p));
     }
-}
 
-int multiprocessors() {
-    int dev = 0, n = 0;
-    CPFILL_CUDA_CHECK(cudaGetDevice(&dev));
-    CPFILL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
+    const float scale_log2 = scale * kLog2e;
+    float o[kMf][8][4] = {};
+    for (int it = 0; it < n_tiles; ++it) {
+        const int buf = it & 1, par = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();  // tile `it` visible; every warp is done with tile it − 1 (buffer buf ^ 1)
+        if (loader && it + 1 < n_tiles) {  // tile it + 1 and the entry rows of tile it + 2
+            load_tile(s.k[buf ^ 1], kl, static_cast<int64_t>(it + 1) * kTile, s.sel[buf ^ 1],
+                      warp - kLoadWarp0);
+            prefetch_sel(s.sel[buf], kl, static_cast<int64_t>(it + 2) * kTile,
+                         tid - kLoadWarp0 * 32);
+            cp_async_commit();
+        }
+        const int64_t left = kl.n_keys - static_cast<int64_t>(it) * kTile;
+        const int n_valid = left < kTile ? static_cast<int>(left) : kTile;
+        softmax_tile<kM, kMfS>(s, warp < kSWarps, buf, par, warp / 2, warp % 2, n_valid,
+                               scale_log2);
+        if (tid < kM) s.l[tid] = s.l[tid] * s.alpha[tid] + s.red_sum[0][tid] + s.red_sum[1][tid];
+        pv_tile<kM>(s, buf, warp * kDimsPerWarp, o);
+    }
+    __syncthreads();  // final l and m; every warp is done with Q (its rows become output staging)
+
+    // Sink in the denominator only: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M = max(m, sink).
+    // Then the inverse RoPE: this thread's channel pairs (d0 + 8nt + 2c4, +1) are RoPE pairs.
+    const int par = n_tiles & 1, d0 = warp * kDimsPerWarp;
+    float cs[8], sn[8];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+        rope_cos_sin(d0 + nt * 8 + 2 * c4, rope_dim, inv_freq, static_cast<float>(p), true, cs[nt],
+                     sn[nt]);
+#pragma unroll
+    for (int mf = 0; mf < kMf; ++mf) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = mf * 16 + g + half * 8;
+            float inv = 0.0f;
+            if (h0 + r < n_heads) {
+                const float m = s.m[par][r], sink = sinks[h0 + r] * kLog2e;
+                const float mm = fmaxf(m, sink), f = exp2f(m - mm);
+                inv = f / (s.l[r] * f + exp2f(sink - mm));
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                float a = o[mf][nt][2 * half] * inv, b = o[mf][nt][2 * half + 1] * inv;
+                rope_device::rotate(a, b, cs[nt], sn[nt]);
+                *reinterpret_cast<__nv_bfloat162*>(&s.q[r][d0 + nt * 8 + 2 * c4]) =
+                    __floats2bfloat162_rn(a, b);
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < kM * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = (i % kChunks) * 8;
+        if (h0 + r < n_heads)
+            *reinterpret_cast<uint4*>(&out[(t * n_heads + h0 + r) * kHeadDim + c]) =
+                *reinterpret_cast<const uint4*>(&s.q[r][c]);
+    }
 }
 
 template <int kM>
@@ -525,10 +456,13 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
     const int smem = static_cast<int>(sizeof(TcSmem<kM>));
     CPFILL_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<kM>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // One block per multiprocessor (the shared memory allows no second), each looping over items.
-    const int64_t items = a.n_q * ((a.n_heads + kM - 1) / kM);
-    const int64_t blocks = items < multiprocessors() ? items : multiprocessors();
-    attention_tc_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a);
+    const int64_t blocks = a.n_q * ((a.n_heads + kM - 1) / kM);
+    CPFILL_CHECK(blocks <= 0x7fffffff, "attention_tc: {} queries × head groups in one call",
+                 blocks);
+    attention_tc_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+        a.q, a.pos, a.n_heads, a.window, a.window_size, a.entries, a.n_entries, a.ratio,
+        a.entry_idx, a.idx_stride, a.sinks, a.scale, a.out, a.q_norm, a.q_norm_eps, a.rope_dim,
+        a.inv_freq);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
