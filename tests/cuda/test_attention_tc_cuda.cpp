@@ -293,13 +293,16 @@ TEST_P(CudaAttentionTcNormRope, MatchesSeparateKernels) {
     EXPECT_LE(diffs.max_abs, 3 * ulp) << diffs.str();
 }
 
-// Every head-group size, padded groups (5, 24 and 80 heads), one query, every key list.
+// Every head-group size, padded groups (5, 24 and 80 heads), one query, every key list; 300
+// queries (more items than multiprocessors), so that each persistent block norms and rotates the
+// Q of several items, copied while its previous item finished.
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttentionTcNormRope,
                          ::testing::Values(TcCase{5, Keys::kCsa, 37}, TcCase{16, Keys::kSliding, 1},
                                            TcCase{24, Keys::kHca, 37},
                                            TcCase{64, Keys::kCsaSmall, 37},
                                            TcCase{80, Keys::kHcaDense, 64},
-                                           TcCase{128, Keys::kCsa, 37}),
+                                           TcCase{128, Keys::kCsa, 37}, TcCase{24, Keys::kHca, 300},
+                                           TcCase{80, Keys::kCsa, 300}),
                          case_name);
 
 TEST(CudaAttentionTcArgs, RejectsOtherHeadDims) {
