@@ -44,12 +44,14 @@ struct GpuGroupOptions {
 // * Streams: a cuBLASLt GEMM pair per expert, spread over `expert_streams` CUDA streams;
 // * Grouped: one launch per GEMM for all experts of a sub-batch — fp8 experts with 128×128 weight
 //   tiles through cpfill's own kernel (ops/cuda/grouped_fp8.h, compute capability 9.0), bf16
-//   experts through cublasGemmGroupedBatchedEx (half the rate of Streams on the H200 with CUDA
-//   13's cuBLAS: 345 vs 748 TFLOP/s at V4-Flash's shapes; kept for comparison); experts it cannot
-//   take (fp8 with (row, 128) scales, another GPU) use Streams;
+//   experts through the same kernel with bf16 operands (grouped_gemm_bf16: d_model a multiple of
+//   128, the rank's width of 64), else through cublasGemmGroupedBatchedEx (half the rate of
+//   Streams on the H200 with CUDA 13's cuBLAS: 345 vs 748 TFLOP/s at V4-Flash's shapes; kept for
+//   comparison); experts it cannot take (fp8 with (row, 128) scales, another GPU) use Streams;
 // * Auto: the faster as measured on the H200 (docs/fp8.md): Grouped for fp8 experts (cpfill's
 //   kernel, TMA-store epilogue) while a layer has at most 512 rows per expert on average (short
-//   batches: many small GEMMs), else Streams; Streams for bf16 experts.
+//   batches: many small GEMMs), else Streams; the same for bf16 experts (cpfill's kernel with
+//   bf16 operands, register epilogue) up to 256 rows per expert (session 28).
 enum class ExpertGemm { Auto, Streams, Grouped };
 
 struct GpuRunOptions {
@@ -108,6 +110,9 @@ struct GpuStats {
     double gemm_plan_seconds = 0;
     double arena_seconds = 0;
     int grouped_fp8_layers = 0;  // layers whose routed experts ran the grouped fp8 kernel
+    // … the same kernel with bf16 operands (grouped_gemm_bf16); under Auto the layers that may,
+    // as for fp8 (a batch with many rows per expert still takes the GEMM pairs)
+    int grouped_bf16_layers = 0;
 };
 
 // What one GPU needs for a prefill of `n_tokens` (one batch, in chunks of `chunk` tokens when

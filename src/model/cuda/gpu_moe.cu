@@ -42,6 +42,10 @@ bool experts_grouped_fp8(const GpuLayer& L, bool allowed) {
            L.w2.blocks() == oc::Fp8Blocks::Tile128;
 }
 
+bool experts_grouped_bf16(const GpuLayer& L, bool allowed, int64_t d_model, int64_t width) {
+    return allowed && !L.w13.fp8() && !L.w13.fp4() && d_model % 128 == 0 && width % 64 == 0;
+}
+
 bool shared_expert_folded(const GpuLayer& L) {
     return (L.w13.fp8() || L.w13.fp4()) && L.shared_w13.fp8() && L.shared_w2.fp8();
 }
@@ -151,8 +155,12 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         (!fold || (L.shared_w13.blocks() == oc::Fp8Blocks::Tile128 &&
                    L.shared_w2.blocks() == oc::Fp8Blocks::Tile128)) &&
         (fold || es.fp8_grouped_max_mean_rows == 0 || n_assign <= es.fp8_grouped_max_mean_rows * E);
-    const bool grouped = (es.grouped && !fp8) || fp8_grouped;
-    const int ns = fp8_grouped ? 0 : grouped ? 1 : es.count;
+    // bf16 experts in the same kernel (grouped_gemm_bf16: dense rows, no scales).
+    const bool bf16_grouped =
+        experts_grouped_bf16(L, es.bf16_grouped, D, width) &&
+        (es.bf16_grouped_max_mean_rows == 0 || n_assign <= es.bf16_grouped_max_mean_rows * E);
+    const bool grouped = (es.grouped && !fp8 && !bf16_grouped) || fp8_grouped;
+    const int ns = fp8_grouped || bf16_grouped ? 0 : grouped ? 1 : es.count;
     CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
     for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
     if (fp8_grouped) {
@@ -189,6 +197,26 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         g.out = D;
         g.y = s.op;
         oc::grouped_gemm_fp8(g, st);
+    } else if (bf16_grouped) {
+        const cudaStream_t st = c.stream;
+        oc::expert_offsets(r.counts, E, s.first, s.pfirst, st);  // first: the dense row offsets
+        oc::GroupedBf16Gemm g;
+        g.x = s.xp;
+        g.rows = n_assign;
+        g.first = s.first;
+        g.n_experts = E;
+        g.w = L.w13.bf16();
+        g.in = D;
+        g.out = 2 * width;
+        g.y = s.gu;
+        oc::grouped_gemm_bf16(g, st);
+        oc::swiglu(s.gu, n_assign, width, limit, s.sp, s.act, st);
+        g.x = s.act;
+        g.w = L.w2.bf16();
+        g.in = width;
+        g.out = D;
+        g.y = s.op;
+        oc::grouped_gemm_bf16(g, st);
     } else if (grouped) {
         const cudaStream_t st = es.stream[0];
         es.grouped->experts(r.counts, r.host_counts, E, s.xp, D, L.w13.bf16(), 2 * width, s.gu, st);

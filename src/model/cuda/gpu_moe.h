@@ -65,10 +65,18 @@ struct GpuMoeScratch {
 constexpr int kMaxExpertStreams = 8;
 constexpr int kMaxGroupedExperts = 1024;  // routed experts the grouped path takes
 constexpr int64_t kGroupedFp8MaxMeanRows = 512;
+constexpr int64_t kGroupedBf16MaxMeanRows = 256;
 struct GpuExpertStreams {
     int count = kMaxExpertStreams;
     ops::cuda::GroupedGemm* grouped = nullptr;  // set: the grouped path of bf16 experts (stream 0)
     bool fp8_grouped = false;  // fp8 experts with Tile128 scales: ops/cuda/grouped_fp8.h
+    // bf16 experts in the same kernel (grouped_gemm_bf16) on the compute stream, while a layer
+    // has at most bf16_grouped_max_mean_rows rows per expert on average (0: any). `auto` sets
+    // kGroupedBf16MaxMeanRows: measured on the H200 (flash slice, session 28 run 3, MoE phase)
+    // the kernel won at 8k tokens (192 rows per expert: 28.1 against 31.0 ms) and lost from 16k
+    // (384 rows: 50.8 against 46.8; 64k, 1,536 rows: 170.0 against 149.8).
+    bool bf16_grouped = false;
+    int64_t bf16_grouped_max_mean_rows = 0;
     // With fp8_grouped and a shared expert that runs apart (not shared_expert_folded): only while
     // a layer's mean routed rows per expert is at most this (0: any). `auto` sets
     // kGroupedFp8MaxMeanRows: measured on the H200 (flash slice, docs/fp8.md) the grouped kernel
@@ -93,6 +101,11 @@ void gpu_moe_route(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
 // `allowed` (GpuExpertStreams::fp8_grouped): fp8 experts with 128×128 weight tiles, or fp4 experts
 // (re-encoded to such tiles per layer).
 bool experts_grouped_fp8(const GpuLayer& L, bool allowed);
+
+// Whether layer L's routed experts run the grouped kernel with bf16 operands
+// (ops/cuda/grouped_fp8.h grouped_gemm_bf16) when `allowed` (GpuExpertStreams::bf16_grouped): bf16
+// experts, d_model a multiple of 128 and the rank's expert width of 64.
+bool experts_grouped_bf16(const GpuLayer& L, bool allowed, int64_t d_model, int64_t width);
 
 // Whether layer L's shared expert runs as expert E of the routed fp8 experts (docs/fp8.md, "The
 // shared expert as expert E"): routed experts fp8 (or fp4) and the shared expert's two matrices

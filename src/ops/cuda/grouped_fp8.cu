@@ -123,13 +123,24 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
+
 // TmaStore's epilogue of one consumer, all 128 of its threads (the file comment has the layout).
 // y: the consumer's output tile in shared memory; grow: the global row of its first row; v: its
-// rows inside the expert's padded block (a multiple of 4, ≤ 0 when none); c0: the tile's first
-// output.
+// rows inside the expert's block (≤ 0 when none): a multiple of 4 (padded blocks), or with kDense
+// any count (dense rows: the rows after a multiple of 8 go out by plain 16-byte stores of the
+// 128 threads, to yg [rows, ld], since a box would reach into the next expert's rows); c0: the
+// tile's first output.
+template <bool kDense>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
                                                int cw, int tid, const OutMaps& maps, int grow,
-                                               int v, int c0) {
+                                               int v, int c0, __nv_bfloat16* yg, int ld) {
     const int warp = tid / 32, lane = tid % 32;
     if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
     named_barrier_sync(1 + cw, 128);
@@ -154,8 +165,20 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
     }
     fence_proxy_async_shared();  // each writer's stores, before TMA reads them
     named_barrier_sync(1 + cw, 128);
-    // Boxes of 64 outputs: 64 rows, or 8-row boxes and a last 4-row one (v - r is 0 or 4 after the
-    // loop), each starting on a row that is a multiple of 8: a 1024-byte swizzle atom.
+    const int r8 = v / kYBoxMid * kYBoxMid;
+    if (kDense && v > r8 && v < kYRows) {
+        // Row r's 16-byte unit u (8 outputs) of chunk q sits at unit u ^ (r % 8) (the swizzle).
+        const int n_units = second ? 32 : 16;
+        for (int i = tid; i < (v - r8) * n_units; i += 128) {
+            const int r = r8 + i / n_units, q = (i % n_units) / 8, u = i % 8;
+            const uint4 val =
+                ld_shared_v4(y + q * kYChunkBytes + r * kYRowBytes + ((u ^ (r % 8)) << 4));
+            *reinterpret_cast<uint4*>(yg + int64_t{grow + r} * ld + c0 + q * kYChunkCols + u * 8) =
+                val;
+        }
+    }
+    // Boxes of 64 outputs: 64 rows, or 8-row boxes and (padded) a last 4-row one (v - r is 0 or 4
+    // after the loop), each starting on a row that is a multiple of 8: a 1024-byte swizzle atom.
     if (tid != 0 || v <= 0) return;
 #pragma unroll 1
     for (int q = 0; q < (second ? 4 : 2); ++q) {
@@ -168,23 +191,25 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
         int r = 0;
         for (; r + kYBoxMid <= v; r += kYBoxMid)
             tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, grow + r);
-        if (r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
+        if (!kDense && r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
     }
     bulk_commit();
 }
 
-template <Epilogue kEpi>
+// kBf16: bf16 operands (grouped_gemm_bf16), a k-block is 64 values; else e4m3 with scales.
+template <Epilogue kEpi, bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_fp8_kernel(const __grid_constant__ CUtensorMap map_x,
-                       const __grid_constant__ CUtensorMap map_w,
-                       const __grid_constant__ CUtensorMap map_w_last,
-                       const __grid_constant__ OutMaps map_y, const Args a) {
+    grouped_kernel(const __grid_constant__ CUtensorMap map_x,
+                   const __grid_constant__ CUtensorMap map_w,
+                   const __grid_constant__ CUtensorMap map_w_last,
+                   const __grid_constant__ OutMaps map_y, const Args a) {
     constexpr int kStages = kStagesOf<kEpi>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* const base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     Smem<kStages>& s = *reinterpret_cast<Smem<kStages>*>(base);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN, n_kb = a.in / kBK;
+    const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN;
+    const int n_kb = a.in * (kBf16 ? 2 : 1) / kBK;  // k-blocks of 128 bytes
     if (threadIdx.x < 32) count_tiles(s.tile_first, a.pfirst, E, n_tiles_n);
     if (threadIdx.x == 32) {
         for (int i = 0; i < kStages; ++i) {
@@ -228,49 +253,95 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int r0 = tl.mt * kBM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
         const int c0 = tl.nt * kBN;
         const bool second = c0 + kBN / 2 < a.out;  // the tile's second 128 outputs exist
-        const float* xs = a.xs + int64_t{p0} * n_kb;
-        const float* ws = (a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert) +
-                          int64_t{c0 / 128} * ws_ld;
-        float acc[2][64], d[64];
+        float acc[2][64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
-        // This thread's scales of k-block kb, loaded one k-block ahead: a global load takes about
-        // as long as one k-block's MMAs, and waiting for it would idle the tensor cores.
-        float nx0 = 0.0f, nx1 = 0.0f, nw0 = 0.0f, nw1 = 0.0f;
-        const auto load_scales = [&](int kb) {
-            nx0 = r0 < m4 ? xs[int64_t{kb} * m4 + r0] : 0.0f;
-            nx1 = r1 < m4 ? xs[int64_t{kb} * m4 + r1] : 0.0f;
-            nw0 = ws[kb];
-            nw1 = second ? ws[ws_ld + kb] : 0.0f;
-        };
-        load_scales(0);
-        for (int kb = 0; kb < n_kb; ++kb, ++it) {
-            const int st = it % kStages;
-            const float x0 = nx0, x1 = nx1, w0 = nw0, w1 = nw1;
-            if (kb + 1 < n_kb) load_scales(kb + 1);
-            mbar_wait(&s.full[st], (it / kStages) & 1);
-            const uint32_t sa = smem_u32(s.a[st]) + cw * 64 * kBK, sbm = smem_u32(s.b[st]);
-            // Each 128-output half: four k32 MMAs into d, wait, d · scales into its accumulators.
+        if constexpr (kBf16) {
+            // No scales: every k-block's products go straight into the accumulators, and the
+            // MMAs of a k-block run on while the next stage is awaited; a stage is freed once the
+            // MMAs after it have been issued and its own have completed (wait_group 1).
+            for (int kb = 0; kb < n_kb; ++kb, ++it) {
+                const int st = it % kStages;
+                mbar_wait(&s.full[st], (it / kStages) & 1);
+                const uint32_t sa = smem_u32(s.a[st]) + cw * 64 * kBK, sbm = smem_u32(s.b[st]);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (h == 1 && !second) break;
-#pragma unroll
-                for (int j = 0; j < 64; ++j) reg_fence(d[j]);
+                for (int j = 0; j < 64; ++j) {
+                    reg_fence(acc[0][j]);
+                    reg_fence(acc[1][j]);
+                }
                 wgmma_fence();
+                if (second) {  // both halves in one MMA per k16 step: A read once
+                    float(&both)[128] = reinterpret_cast<float(&)[128]>(acc);
 #pragma unroll
-                for (int k = 0; k < kBK / 32; ++k)
-                    wgmma_m64n128k32_e4m3(d, wgmma_desc_sw128(sa + k * 32),
-                                          wgmma_desc_sw128(sbm + h * kHalfBytes + k * 32), k);
+                    for (int k = 0; k < kBK / 32; ++k)
+                        wgmma_m64n256k16_bf16(both, wgmma_desc_sw128(sa + k * 32),
+                                              wgmma_desc_sw128(sbm + k * 32), 1);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < kBK / 32; ++k)
+                        wgmma_m64n128k16_bf16(acc[0], wgmma_desc_sw128(sa + k * 32),
+                                              wgmma_desc_sw128(sbm + k * 32), 1);
+                }
                 wgmma_commit();
-                wgmma_wait<0>();
+                if (kb > 0) {
+                    wgmma_wait<1>();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
+                }
+            }
+            wgmma_wait<0>();
 #pragma unroll
-                for (int j = 0; j < 64; ++j) reg_fence(d[j]);
-                const float f0 = x0 * (h ? w1 : w0), f1 = x1 * (h ? w1 : w0);
-#pragma unroll
-                for (int j = 0; j < 64; ++j) acc[h][j] += d[j] * ((j & 2) ? f1 : f0);
+            for (int j = 0; j < 64; ++j) {
+                reg_fence(acc[0][j]);
+                reg_fence(acc[1][j]);
             }
             __syncwarp();
-            if (lane == 0) mbar_arrive(&s.empty[st]);
+            if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
+        } else {
+            const float* xs = a.xs + int64_t{p0} * n_kb;
+            const float* ws =
+                (a.ws_last && tl.e == E - 1 ? a.ws_last : a.ws + tl.e * a.ws_per_expert) +
+                int64_t{c0 / 128} * ws_ld;
+            float d[64];
+            // This thread's scales of k-block kb, loaded one k-block ahead: a global load takes
+            // about as long as one k-block's MMAs, and waiting for it would idle the tensor cores.
+            float nx0 = 0.0f, nx1 = 0.0f, nw0 = 0.0f, nw1 = 0.0f;
+            const auto load_scales = [&](int kb) {
+                nx0 = r0 < m4 ? xs[int64_t{kb} * m4 + r0] : 0.0f;
+                nx1 = r1 < m4 ? xs[int64_t{kb} * m4 + r1] : 0.0f;
+                nw0 = ws[kb];
+                nw1 = second ? ws[ws_ld + kb] : 0.0f;
+            };
+            load_scales(0);
+            for (int kb = 0; kb < n_kb; ++kb, ++it) {
+                const int st = it % kStages;
+                const float x0 = nx0, x1 = nx1, w0 = nw0, w1 = nw1;
+                if (kb + 1 < n_kb) load_scales(kb + 1);
+                mbar_wait(&s.full[st], (it / kStages) & 1);
+                const uint32_t sa = smem_u32(s.a[st]) + cw * 64 * kBK, sbm = smem_u32(s.b[st]);
+                // Each 128-output half: four k32 MMAs into d, wait, d · scales into its
+                // accumulators.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (h == 1 && !second) break;
+#pragma unroll
+                    for (int j = 0; j < 64; ++j) reg_fence(d[j]);
+                    wgmma_fence();
+#pragma unroll
+                    for (int k = 0; k < kBK / 32; ++k)
+                        wgmma_m64n128k32_e4m3(d, wgmma_desc_sw128(sa + k * 32),
+                                              wgmma_desc_sw128(sbm + h * kHalfBytes + k * 32), k);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+#pragma unroll
+                    for (int j = 0; j < 64; ++j) reg_fence(d[j]);
+                    const float f0 = x0 * (h ? w1 : w0), f1 = x1 * (h ? w1 : w0);
+#pragma unroll
+                    for (int j = 0; j < 64; ++j) acc[h][j] += d[j] * ((j & 2) ? f1 : f0);
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&s.empty[st]);
+            }
         }
         if constexpr (kEpi == Epilogue::Registers) {
             __nv_bfloat16* y = a.y + int64_t{p0} * a.out + c0 + 2 * (lane % 4);
@@ -290,9 +361,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         } else {
             const int lrow = tl.mt * kBM + cw * kYRows;  // the consumer's first row in the expert
-            store_tile_tma(acc, second,
-                           smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw, tid,
-                           map_y, p0 + lrow, min(kYRows, m4 - lrow), c0);
+            store_tile_tma<kBf16>(
+                acc, second, smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw,
+                tid, map_y, p0 + lrow, min(kYRows, m4 - lrow), c0, a.y, a.out);
         }
     }
     // The last tile's stores have finished before the block (and its shared memory) goes.
@@ -300,9 +371,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0) bulk_wait<0>();
 }
 
-// A row-major e4m3 matrix [rows, cols] read in boxes of box_rows × 128 bytes (kBK).
+// A row-major matrix of cols bytes per row (e4m3 values, or bf16 ones two bytes each) read in
+// boxes of box_rows × 128 bytes (kBK).
 CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows) {
-    return e4m3_tile_map(base, rows, cols, box_rows, "grouped fp8 GEMM");
+    return e4m3_tile_map(base, rows, cols, box_rows, "grouped expert GEMM");
 }
 
 // bf16 y [rows, cols] written in boxes of box_rows × 64 outputs (128 bytes) from shared memory in
@@ -329,15 +401,15 @@ int multiprocessors() {
     return n;
 }
 
-template <Epilogue kEpi>
+template <Epilogue kEpi, bool kBf16 = false>
 void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_last,
             const OutMaps& my, const Args& a, cudaStream_t stream) {
     // Per call: the attribute belongs to the current device, and ranks may be threads of one
     // process on several GPUs.
-    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_fp8_kernel<kEpi>,
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<kEpi, kBf16>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(kSmemBytes<kEpi>)));
-    grouped_fp8_kernel<kEpi>
+    grouped_kernel<kEpi, kBf16>
         <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, mw_last, my, a);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
@@ -392,6 +464,46 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
         launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
     else
         launch<Epilogue::Registers>(mx, mw, mw_last, my, a, stream);
+}
+
+void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
+    CPFILL_CHECK(g.in % 64 == 0 && g.out % 128 == 0 && g.in > 0 && g.out > 0,
+                 "grouped bf16 GEMM: in {} must be a positive multiple of 64 and out {} of 128",
+                 g.in, g.out);
+    CPFILL_CHECK(g.n_experts >= 1 && g.n_experts <= kMaxExperts,
+                 "grouped bf16 GEMM: {} experts (1 to {})", g.n_experts, kMaxExperts);
+    CPFILL_CHECK(g.in <= (int64_t{1} << 29) && g.out * g.n_experts < (int64_t{1} << 31) &&
+                     g.rows < (int64_t{1} << 31),
+                 "grouped bf16 GEMM: {} rows × {} × {} over {} experts is out of range", g.rows,
+                 g.out, g.in, g.n_experts);
+    const bool tma_store = g.epilogue == Epilogue::TmaStore;
+    CPFILL_CHECK(tma_store || g.epilogue == Epilogue::Registers,
+                 "grouped bf16 GEMM: epilogue {} is neither Registers nor TmaStore",
+                 static_cast<int>(g.epilogue));
+    CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
+                 "grouped bf16 GEMM: the TmaStore epilogue needs y 16-byte aligned (y = {})",
+                 static_cast<const void*>(g.y));
+    if (g.rows == 0) return;
+    const CUtensorMap mx = tile_map(g.x, g.rows, 2 * g.in, kBM);
+    const CUtensorMap mw = tile_map(g.w, g.n_experts * g.out, 2 * g.in, kBN);
+    const Args a{nullptr,
+                 g.first,
+                 g.n_experts,
+                 nullptr,
+                 0,
+                 nullptr,
+                 static_cast<int>(g.in),
+                 static_cast<int>(g.out),
+                 g.y};
+    if (g.epilogue == Epilogue::TmaStore) {
+        OutMaps my{};
+        my.rows64 = out_map(g.y, g.rows, g.out, kYBox);
+        my.rows8 = out_map(g.y, g.rows, g.out, kYBoxMid);
+        my.rows4 = my.rows8;  // unused: dense tails go out by plain stores
+        launch<Epilogue::TmaStore, true>(mx, mw, mw, my, a, stream);
+    } else {
+        launch<Epilogue::Registers, true>(mx, mw, mw, OutMaps{}, a, stream);
+    }
 }
 
 }  // namespace cpfill::ops::cuda

@@ -43,6 +43,11 @@ bool grouped_fp8_experts(ExpertGemm mode) {
     return mode != ExpertGemm::Streams && ops::cuda::grouped_fp8_supported();
 }
 
+bool grouped_bf16_experts(ExpertGemm mode) {
+    // Auto: up to kGroupedBf16MaxMeanRows rows per expert (use_experts), as measured (docs/fp8.md).
+    return mode != ExpertGemm::Streams && ops::cuda::grouped_fp8_supported();
+}
+
 void RankDevice::use_experts(int streams, ExpertGemm mode, int n_experts) {
     CPFILL_CHECK(streams >= 1 && streams <= kMaxExpertStreams,
                  "expert streams: {}, expected 1 to {}", streams, kMaxExpertStreams);
@@ -54,6 +59,8 @@ void RankDevice::use_experts(int streams, ExpertGemm mode, int n_experts) {
     experts.count = streams;
     experts.grouped = nullptr;
     experts.fp8_grouped = grouped_fp8_experts(mode);
+    experts.bf16_grouped = grouped_bf16_experts(mode);
+    experts.bf16_grouped_max_mean_rows = mode == ExpertGemm::Auto ? kGroupedBf16MaxMeanRows : 0;
     experts.fp8_grouped_max_mean_rows = mode == ExpertGemm::Auto ? kGroupedFp8MaxMeanRows : 0;
     if (mode != ExpertGemm::Grouped) return;
     CPFILL_CHECK(n_experts <= kMaxGroupedExperts, "{} routed experts: at most {} supported",

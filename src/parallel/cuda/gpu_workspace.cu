@@ -157,13 +157,13 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     m.sp = a.template take<float>(R);
     m.gu = a.template take<bf16>(R * 2 * width);
     m.op = a.template take<bf16>(R * D);
+    m.first = a.template take<int32_t>(E + 2);
+    m.pfirst = a.template take<int32_t>(E + 2);
     if (needs.experts_fp8) {
         m.xq = a.template take<uint8_t>(R * D);
         m.xs = a.template take<float>(R * D / 128);
         m.aq = a.template take<uint8_t>(R * width);
         m.as = a.template take<float>(R * width / 128);
-        m.first = a.template take<int32_t>(E + 2);
-        m.pfirst = a.template take<int32_t>(E + 2);
         if (needs.experts_fp4) {
             const auto t = ops::Fp8Blocks::Tile128;
             m.w13_q = a.template take<uint8_t>(E * 2 * width * D);
