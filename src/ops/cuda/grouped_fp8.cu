@@ -22,6 +22,12 @@
 //   next tile computes. Boxes are 64 outputs wide: 64 rows when all the consumer's rows are in
 //   the expert, else 8-row boxes and one 4-row box at the end (padded blocks are multiples of 4
 //   rows, so no box crosses into the next expert; every box starts on a 1024-byte swizzle atom).
+//
+// grouped_gemm_bf16: the same kernel with bf16 operands (template parameter kBf16). A k-block is 64
+// values, still 128 bytes, so the TMA boxes, stages and descriptors are the fp8 path's; there are
+// no scales, so each consumer keeps its 64 × 256 accumulators over all of K (wgmma m64n256k16: A
+// read once per k16 step) and frees a stage once the next k-block's MMAs are issued and its own
+// have completed (wait_group 1). Rows are dense (gather_by_expert), so only the register epilogue.
 #include "core/error.h"
 #include "ops/cuda/grouped_fp8.h"
 #include "ops/cuda/tensor_map.h"
@@ -123,24 +129,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr));
-    return v;
-}
-
 // TmaStore's epilogue of one consumer, all 128 of its threads (the file comment has the layout).
 // y: the consumer's output tile in shared memory; grow: the global row of its first row; v: its
-// rows inside the expert's block (≤ 0 when none): a multiple of 4 (padded blocks), or with kDense
-// any count (dense rows: the rows after a multiple of 8 go out by plain 16-byte stores of the
-// 128 threads, to yg [rows, ld], since a box would reach into the next expert's rows); c0: the
-// tile's first output.
-template <bool kDense>
+// rows inside the expert's padded block (a multiple of 4, ≤ 0 when none); c0: the tile's first
+// output.
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
                                                int cw, int tid, const OutMaps& maps, int grow,
-                                               int v, int c0, __nv_bfloat16* yg, int ld) {
+                                               int v, int c0) {
     const int warp = tid / 32, lane = tid % 32;
     if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
     named_barrier_sync(1 + cw, 128);
@@ -165,20 +160,8 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
     }
     fence_proxy_async_shared();  // each writer's stores, before TMA reads them
     named_barrier_sync(1 + cw, 128);
-    const int r8 = v / kYBoxMid * kYBoxMid;
-    if (kDense && v > r8 && v < kYRows) {
-        // Row r's 16-byte unit u (8 outputs) of chunk q sits at unit u ^ (r % 8) (the swizzle).
-        const int n_units = second ? 32 : 16;
-        for (int i = tid; i < (v - r8) * n_units; i += 128) {
-            const int r = r8 + i / n_units, q = (i % n_units) / 8, u = i % 8;
-            const uint4 val =
-                ld_shared_v4(y + q * kYChunkBytes + r * kYRowBytes + ((u ^ (r % 8)) << 4));
-            *reinterpret_cast<uint4*>(yg + int64_t{grow + r} * ld + c0 + q * kYChunkCols + u * 8) =
-                val;
-        }
-    }
-    // Boxes of 64 outputs: 64 rows, or 8-row boxes and (padded) a last 4-row one (v - r is 0 or 4
-    // after the loop), each starting on a row that is a multiple of 8: a 1024-byte swizzle atom.
+    // Boxes of 64 outputs: 64 rows, or 8-row boxes and a last 4-row one (v - r is 0 or 4 after the
+    // loop), each starting on a row that is a multiple of 8: a 1024-byte swizzle atom.
     if (tid != 0 || v <= 0) return;
 #pragma unroll 1
     for (int q = 0; q < (second ? 4 : 2); ++q) {
@@ -191,7 +174,7 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
         int r = 0;
         for (; r + kYBoxMid <= v; r += kYBoxMid)
             tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, grow + r);
-        if (!kDense && r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
+        if (r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
     }
     bulk_commit();
 }
@@ -361,9 +344,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         } else {
             const int lrow = tl.mt * kBM + cw * kYRows;  // the consumer's first row in the expert
-            store_tile_tma<kBf16>(
-                acc, second, smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw,
-                tid, map_y, p0 + lrow, min(kYRows, m4 - lrow), c0, a.y, a.out);
+            static_assert(!kBf16, "bf16 rows are not padded: the register epilogue");
+            store_tile_tma(acc, second,
+                           smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw, tid,
+                           map_y, p0 + lrow, min(kYRows, m4 - lrow), c0);
         }
     }
     // The last tile's stores have finished before the block (and its shared memory) goes.
@@ -476,13 +460,6 @@ void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
                      g.rows < (int64_t{1} << 31),
                  "grouped bf16 GEMM: {} rows × {} × {} over {} experts is out of range", g.rows,
                  g.out, g.in, g.n_experts);
-    const bool tma_store = g.epilogue == Epilogue::TmaStore;
-    CPFILL_CHECK(tma_store || g.epilogue == Epilogue::Registers,
-                 "grouped bf16 GEMM: epilogue {} is neither Registers nor TmaStore",
-                 static_cast<int>(g.epilogue));
-    CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
-                 "grouped bf16 GEMM: the TmaStore epilogue needs y 16-byte aligned (y = {})",
-                 static_cast<const void*>(g.y));
     if (g.rows == 0) return;
     const CUtensorMap mx = tile_map(g.x, g.rows, 2 * g.in, kBM);
     const CUtensorMap mw = tile_map(g.w, g.n_experts * g.out, 2 * g.in, kBN);
@@ -495,15 +472,7 @@ void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
                  g.y};
-    if (g.epilogue == Epilogue::TmaStore) {
-        OutMaps my{};
-        my.rows64 = out_map(g.y, g.rows, g.out, kYBox);
-        my.rows8 = out_map(g.y, g.rows, g.out, kYBoxMid);
-        my.rows4 = my.rows8;  // unused: dense tails go out by plain stores
-        launch<Epilogue::TmaStore, true>(mx, mw, mw, my, a, stream);
-    } else {
-        launch<Epilogue::Registers, true>(mx, mw, mw, OutMaps{}, a, stream);
-    }
+    launch<Epilogue::Registers, true>(mx, mw, mw, OutMaps{}, a, stream);
 }
 
 }  // namespace cpfill::ops::cuda

@@ -57,7 +57,8 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream);
 // bf16 experts through the same kernel (docs/fp8.md, "bf16 experts in the grouped kernel"): for
 // every expert e, y[first[e] … first[e + 1]) = x[those rows] · w_eᵀ, rows dense in the order of
 // gather_by_expert (no padding), w bf16 [E][out][in], fp32 accumulation over all of K in the MMAs'
-// accumulators, bf16 out; each row of y is written by its own expert only.
+// accumulators, bf16 out by the register epilogue (each row of y written by its own expert only;
+// a TMA-store epilogue for dense rows measured no faster: docs/fp8.md).
 // Compute capability 9.0 (grouped_fp8_supported); x, w and y 16-byte aligned.
 struct GroupedBf16Gemm {
     const __nv_bfloat16* x = nullptr;  // [rows, in]
@@ -67,9 +68,6 @@ struct GroupedBf16Gemm {
     const __nv_bfloat16* w = nullptr;  // [E][out][in]
     int64_t in = 0, out = 0;           // in a multiple of 64, out of 128
     __nv_bfloat16* y = nullptr;        // [rows, out]
-    // TmaStore: the rows of a tile in boxes of 64 or 8, the rows after an expert's last multiple
-    // of 8 by plain stores (the rows are not padded); Registers as for fp8. The same bits.
-    GroupedFp8Epilogue epilogue = GroupedFp8Epilogue::TmaStore;
 };
 
 void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream);
