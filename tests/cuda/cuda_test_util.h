@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "runtime/cuda/buffer.h"
+#include "runtime/cuda/sm90.h"
 #include "runtime/cuda/time_ms.h"
 #include "runtime/device.h"
 
@@ -22,6 +23,14 @@
     do {                                                       \
         std::string why;                                       \
         if (cuda_device_count(&why) == 0) GTEST_SKIP() << why; \
+    } while (0)
+
+// Also skips without a GPU of compute capability 9.0: the Hopper kernels (wgmma, TMA; sm_90a).
+#define CPFILL_SKIP_WITHOUT_SM90()                          \
+    do {                                                    \
+        CPFILL_SKIP_WITHOUT_GPU();                          \
+        if (!::cpfill::cuda::current_device_is_sm90())      \
+            GTEST_SKIP() << "needs compute capability 9.0"; \
     } while (0)
 
 namespace cpfill::test_cuda {

@@ -97,28 +97,13 @@ void run_and_check(const Case& c, uint64_t seed) {
                 static_cast<long long>(checked), worst);
 }
 
-bool skip_without_kernel(std::string* why) {
-    if (cuda_device_count(why) == 0) return true;
-    if (!oc::grouped_fp8_supported()) {
-        *why = "needs compute capability 9.0";
-        return true;
-    }
-    return false;
-}
-
-#define CPFILL_SKIP_WITHOUT_KERNEL()                        \
-    do {                                                    \
-        std::string why;                                    \
-        if (skip_without_kernel(&why)) GTEST_SKIP() << why; \
-    } while (0)
-
 TEST(GroupedBf16, SmallExpertsAndEmptyOnes) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     run_and_check({{0, 3, 130, 0, 257, 1, 4}, 256, 384}, 1);
 }
 
 TEST(GroupedBf16, EveryRowCountUpTo40) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     Case c{{}, 128, 256};
     for (int k = 1; k <= 40; ++k) c.counts.push_back(k);
     c.counts.insert(c.counts.end(), {300, 0});
@@ -128,7 +113,7 @@ TEST(GroupedBf16, EveryRowCountUpTo40) {
 // 2 × 16 row tiles × 8 output tiles (more than the multiprocessors) and 16 k-blocks of 64 values
 // (more than the stages).
 TEST(GroupedBf16, MoreTilesThanMultiprocessorsAndLongK) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     run_and_check({{1200, 517, 0, 1280}, 1024, 2048}, 3);
 }
 

@@ -204,37 +204,22 @@ const Case kSmall{{0, 3, 130, 0, 257, 1, 4}, 256, 384};
 // 200 output tiles (more than the multiprocessors) and 8 k-blocks (more than the stages).
 const Case kLong{{1200, 517, 0, 1280}, 1024, 2048};
 
-bool skip_without_kernel(std::string* why) {
-    if (cuda_device_count(why) == 0) return true;
-    if (!oc::grouped_fp8_supported()) {
-        *why = "needs compute capability 9.0";
-        return true;
-    }
-    return false;
-}
-
-#define CPFILL_SKIP_WITHOUT_KERNEL()                        \
-    do {                                                    \
-        std::string why;                                    \
-        if (skip_without_kernel(&why)) GTEST_SKIP() << why; \
-    } while (0)
-
 class GroupedFp8 : public ::testing::TestWithParam<GroupedFp8Epilogue> {};
 
 TEST_P(GroupedFp8, SmallExpertsAndEmptyOnes) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(kSmall, 1);
     check_against_reference(p, run_gemm(p, GetParam(), p.E));
 }
 
 TEST_P(GroupedFp8, MoreTilesThanMultiprocessorsAndLongK) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(kLong, 2);
     check_against_reference(p, run_gemm(p, GetParam(), p.E));
 }
 
 TEST_P(GroupedFp8, EveryTailLength) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(every_tail_length(), 3);
     check_against_reference(p, run_gemm(p, GetParam(), p.E));
 }
@@ -243,7 +228,7 @@ TEST_P(GroupedFp8, EveryTailLength) {
 // every expert's rows: a box reaching past expert n - 1's padded block is not clipped by the map
 // and would show in rows ≥ pfirst[n], which must keep the sentinel.
 TEST_P(GroupedFp8, NothingWrittenPastAnExpertsPaddedRows) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(every_tail_length(), 4);
     for (int n = 1; n <= p.E; ++n) {
         const std::vector<uint16_t> y = run_gemm(p, GetParam(), n);
@@ -260,7 +245,7 @@ TEST_P(GroupedFp8, NothingWrittenPastAnExpertsPaddedRows) {
 // 128-row tiles (130, 517) among empty experts, with more tiles than multiprocessors and long K,
 // the last expert the only non-empty one, the last expert empty, and E = 1 (w and ws nullptr).
 TEST_P(GroupedFp8, LastExpertHeldApartEqualsOneBuffer) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     struct {
         Case c;
         uint64_t seed;
@@ -313,7 +298,7 @@ INSTANTIATE_TEST_SUITE_P(Epilogues, GroupedFp8,
 
 // The same sums, rounded the same way: only the path to global memory differs.
 TEST(GroupedFp8Epilogues, BitIdentical) {
-    CPFILL_SKIP_WITHOUT_KERNEL();
+    CPFILL_SKIP_WITHOUT_SM90();
     const std::pair<Case, uint64_t> cases[] = {{kSmall, 5}, {kLong, 6}, {every_tail_length(), 7}};
     for (const auto& [c, seed] : cases) {
         const Problem p = make_problem(c, seed);
