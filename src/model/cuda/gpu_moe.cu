@@ -157,7 +157,7 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         (fold || es.fp8_grouped_max_mean_rows == 0 || n_assign <= es.fp8_grouped_max_mean_rows * E);
     // bf16 experts in the same kernel (grouped_gemm_bf16: dense rows, no scales).
     const bool bf16_grouped =
-        experts_grouped_bf16(L, es.bf16_grouped, D, width) &&
+        experts_grouped_bf16(L, es.bf16_grouped, D, width) && E <= kMaxGroupedExperts &&
         (es.bf16_grouped_max_mean_rows == 0 || n_assign <= es.bf16_grouped_max_mean_rows * E);
     const bool grouped = (es.grouped && !fp8 && !bf16_grouped) || fp8_grouped;
     const int ns = fp8_grouped || bf16_grouped ? 0 : grouped ? 1 : es.count;
