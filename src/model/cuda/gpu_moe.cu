@@ -42,8 +42,9 @@ bool experts_grouped_fp8(const GpuLayer& L, bool allowed) {
            L.w2.blocks() == oc::Fp8Blocks::Tile128;
 }
 
-bool experts_grouped_bf16(const GpuLayer& L, bool allowed, int64_t d_model, int64_t width) {
-    return allowed && !L.w13.fp8() && !L.w13.fp4() && d_model % 128 == 0 && width % 64 == 0;
+bool experts_grouped_bf16(const GpuWeights& W, const GpuLayer& L, bool allowed) {
+    return allowed && !L.w13.fp8() && !L.w13.fp4() && W.cfg.d_model % 128 == 0 &&
+           W.width % 64 == 0 && W.cfg.n_experts <= kMaxGroupedExperts;
 }
 
 bool shared_expert_folded(const GpuLayer& L) {
@@ -157,7 +158,7 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         (fold || es.fp8_grouped_max_mean_rows == 0 || n_assign <= es.fp8_grouped_max_mean_rows * E);
     // bf16 experts in the same kernel (grouped_gemm_bf16: dense rows, no scales).
     const bool bf16_grouped =
-        experts_grouped_bf16(L, es.bf16_grouped, D, width) && E <= kMaxGroupedExperts &&
+        experts_grouped_bf16(W, L, es.bf16_grouped) &&
         (es.bf16_grouped_max_mean_rows == 0 || n_assign <= es.bf16_grouped_max_mean_rows * E);
     const bool grouped = (es.grouped && !fp8 && !bf16_grouped) || fp8_grouped;
     const int ns = fp8_grouped || bf16_grouped ? 0 : grouped ? 1 : es.count;

@@ -104,8 +104,8 @@ bool experts_grouped_fp8(const GpuLayer& L, bool allowed);
 
 // Whether layer L's routed experts run the grouped kernel with bf16 operands
 // (ops/cuda/grouped_fp8.h grouped_gemm_bf16) when `allowed` (GpuExpertStreams::bf16_grouped): bf16
-// experts, d_model a multiple of 128 and the rank's expert width of 64.
-bool experts_grouped_bf16(const GpuLayer& L, bool allowed, int64_t d_model, int64_t width);
+// experts, d_model a multiple of 128, the rank's expert width of 64, at most kMaxGroupedExperts.
+bool experts_grouped_bf16(const GpuWeights& W, const GpuLayer& L, bool allowed);
 
 // Whether layer L's shared expert runs as expert E of the routed fp8 experts (docs/fp8.md, "The
 // shared expert as expert E"): routed experts fp8 (or fp4) and the shared expert's two matrices

@@ -530,13 +530,11 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     st.gemm_plan_seconds = plans1.seconds - plans0.seconds;
     st.tbo_used = plan.tbo();
     st.chunk = plan.chunk;
-    const bool grouped_ok = cuda::grouped_fp8_experts(opt.expert_gemm);
-    const bool grouped_bf16_ok = cuda::grouped_bf16_experts(opt.expert_gemm);
+    const bool grouped_ok = cuda::grouped_experts(opt.expert_gemm);
     const cuda::GpuWeights& w0 = *g.ranks[0]->weights;
     for (const auto& L : w0.layers) {
         st.grouped_fp8_layers += cuda::experts_grouped_fp8(L, grouped_ok);
-        st.grouped_bf16_layers +=
-            cuda::experts_grouped_bf16(L, grouped_bf16_ok, w0.cfg.d_model, w0.width);
+        st.grouped_bf16_layers += cuda::experts_grouped_bf16(w0, L, grouped_ok);
     }
     st.n_tokens = plan.n_tokens;
     for (auto& r : g.ranks) {

@@ -37,14 +37,10 @@ void RankDevice::init_streams() {
     use_experts(GpuRunOptions{}.expert_streams, ExpertGemm::Streams, 0);
 }
 
-bool grouped_fp8_experts(ExpertGemm mode) {
-    // Auto takes the faster path as measured (docs/fp8.md): for fp8 experts the grouped kernel
-    // with its TMA-store epilogue up to kGroupedFp8MaxMeanRows rows per expert (use_experts).
-    return mode != ExpertGemm::Streams && ops::cuda::grouped_fp8_supported();
-}
-
-bool grouped_bf16_experts(ExpertGemm mode) {
-    // Auto: up to kGroupedBf16MaxMeanRows rows per expert (use_experts), as measured (docs/fp8.md).
+bool grouped_experts(ExpertGemm mode) {
+    // Auto takes the faster path as measured (docs/fp8.md): the grouped kernel up to
+    // kGroupedFp8MaxMeanRows (fp8, TMA-store epilogue) or kGroupedBf16MaxMeanRows (bf16) rows per
+    // expert (use_experts).
     return mode != ExpertGemm::Streams && ops::cuda::grouped_fp8_supported();
 }
 
@@ -58,8 +54,7 @@ void RankDevice::use_experts(int streams, ExpertGemm mode, int n_experts) {
     }
     experts.count = streams;
     experts.grouped = nullptr;
-    experts.fp8_grouped = grouped_fp8_experts(mode);
-    experts.bf16_grouped = grouped_bf16_experts(mode);
+    experts.fp8_grouped = experts.bf16_grouped = grouped_experts(mode);
     experts.bf16_grouped_max_mean_rows = mode == ExpertGemm::Auto ? kGroupedBf16MaxMeanRows : 0;
     experts.fp8_grouped_max_mean_rows = mode == ExpertGemm::Auto ? kGroupedFp8MaxMeanRows : 0;
     if (mode != ExpertGemm::Grouped) return;

@@ -31,11 +31,9 @@ struct RankStreams {
     CudaEvent expert_fork, expert_join[kMaxExpertStreams];
 };
 
-// Whether fp8 experts go through the grouped fp8 kernel under `mode` on this GPU (layers whose
-// weights it takes: cuda::experts_grouped_fp8).
-bool grouped_fp8_experts(ExpertGemm mode);
-// Whether bf16 experts may run the grouped kernel (ops/cuda/grouped_fp8.h grouped_gemm_bf16).
-bool grouped_bf16_experts(ExpertGemm mode);
+// Whether experts go through cpfill's grouped expert kernel (ops/cuda/grouped_fp8.h) under `mode`
+// on this GPU (layers whose weights it takes: cuda::experts_grouped_fp8, experts_grouped_bf16).
+bool grouped_experts(ExpertGemm mode);
 
 struct RankDevice {
     int rank = 0, cp = 1, device = 0;
