@@ -3,6 +3,9 @@
 //    the tie rule (lower index first) included;
 //  * random data (bf16 operands, fp32 sums in a different order): an entry may differ only where
 //    its CPU score lies within 1e-4 of the tensor's scale from the CPU's k-th score (a near-tie).
+// Where all queries run in one chunk every eligible bf16 score must also be within 1e-4 of its
+// row's largest magnitude of the CPU's. On Hopper the bf16 cases run both scoring kernels (the
+// wgmma one indexer_topk picks there, and the mma.sync one of other GPUs).
 // Also: −1 padding after min(top_k, eligible) entries, ascending order, every slot written (the
 // outputs and the scores scratch are poisoned first), chunked scratch. The grid of shapes covers
 // heads < 64, dims 16 … 128, query counts that are no multiple of the kernel's 8 per block,
@@ -24,7 +27,7 @@
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/indexer.h"
-#include "ops/cuda/indexer_fp8.h"
+#include "ops/cuda/indexer_hopper.h"
 #include "ops/indexer.h"
 
 namespace cpfill {
@@ -159,7 +162,8 @@ struct DeviceIndexer {
 // for `exact` data). Adds the near-tie swaps to *near_ties.
 void expect_cpu_sets(const HostIndexer& h, const std::vector<int32_t>& got,
                      const std::vector<int64_t>& which, bool exact, int64_t* near_ties,
-                     float near = 1e-4f, const std::vector<float>* gpu_scores = nullptr) {
+                     float near = 1e-4f, const std::vector<float>* gpu_scores = nullptr,
+                     float score_tol = 2e-3f) {
     std::vector<int32_t> ref(h.top_k);
     std::vector<float> scratch;
     for (int64_t i : which) {
@@ -177,7 +181,7 @@ void expect_cpu_sets(const HostIndexer& h, const std::vector<int32_t>& got,
         if (gpu_scores) {  // every eligible score, against the row's largest magnitude
             const float* sg = gpu_scores->data() + i * h.n_ent;
             for (int64_t e = 0; e < elig; ++e)
-                ASSERT_LE(std::abs(sg[e] - s_cpu[e]), 2e-3f * scale_s)
+                ASSERT_LE(std::abs(sg[e] - s_cpu[e]), score_tol * scale_s)
                     << "score of entry " << e << ": " << sg[e] << " against " << s_cpu[e];
         }
         for (int64_t j = 0; j < h.top_k; ++j) {
@@ -217,19 +221,29 @@ class CudaIndexer : public ::testing::TestWithParam<IndexerCase> {};
 TEST_P(CudaIndexer, SelectsTheCpuSet) {
     CPFILL_SKIP_WITHOUT_GPU();
     const IndexerCase c = GetParam();
-    SCOPED_TRACE(testing::Message()
-                 << "heads " << c.n_heads << ", dim " << c.dim << ", tokens " << c.n_tokens
-                 << ", top_k " << c.top_k << ", integer " << c.integer << ", chunk rows "
-                 << c.scratch_rows << ", seeds 80-82");
     const HostIndexer h = make_inputs(c.n_heads, c.dim, c.n_tokens / kRatio, c.top_k, c.integer,
                                       c.pos, static_cast<int64_t>(c.pos.size()));
-    DeviceIndexer d(h, c.scratch_rows);
-    const std::vector<int32_t> got = d.run();
     std::vector<int64_t> all(h.n_q());
     for (int64_t i = 0; i < h.n_q(); ++i) all[i] = i;
-    int64_t near_ties = 0;
-    expect_cpu_sets(h, got, all, c.integer, &near_ties);
-    if (near_ties) std::printf("[ info ] %lld near-tie swaps\n", static_cast<long long>(near_ties));
+    const bool hopper = ops::cuda::indexer_hopper::supported();
+    for (bool mma_sync : {false, true}) {
+        if (mma_sync && !hopper) continue;  // elsewhere the first run was the mma.sync kernel
+        SCOPED_TRACE(testing::Message()
+                     << (hopper && !mma_sync ? "wgmma" : "mma.sync") << " kernel: heads "
+                     << c.n_heads << ", dim " << c.dim << ", tokens " << c.n_tokens << ", top_k "
+                     << c.top_k << ", integer " << c.integer << ", chunk rows " << c.scratch_rows
+                     << ", seeds 80-82");
+        DeviceIndexer d(h, c.scratch_rows);
+        d.args.mma_sync = mma_sync;
+        const std::vector<int32_t> got = d.run();
+        std::vector<float> scores;  // one chunk: every query's scores are still in the scratch
+        if (c.scratch_rows == 0) scores = download<float>(d.scores, h.n_q() * h.n_ent);
+        int64_t near_ties = 0;
+        expect_cpu_sets(h, got, all, c.integer, &near_ties, 1e-4f,
+                        c.scratch_rows == 0 ? &scores : nullptr, 1e-4f);
+        if (near_ties)
+            std::printf("[ info ] %lld near-tie swaps\n", static_cast<long long>(near_ties));
+    }
 }
 
 std::vector<int64_t> positions(int64_t from, int64_t to, int64_t step) {
@@ -241,8 +255,8 @@ std::vector<int64_t> positions(int64_t from, int64_t to, int64_t step) {
 std::vector<int64_t> edges() { return {0, 1, 2, 3, 4, 7, 8, 63, 64, 65, 66, 67, 130, 399}; }
 
 // 18 queries whose eligible counts straddle the 16-key sub-tiles, the 128-key tiles and the
-// 2048-entry splits of the bf16 scoring kernel (position 4e − 1 has e eligible entries, 4e + 2
-// too); case 12 straddles the fp8 kernel's 4096-entry splits.
+// 2048-entry splits of the mma.sync scoring kernel (position 4e − 1 has e eligible entries, 4e + 2
+// too) and the wgmma kernel's 4096-entry splits.
 std::vector<int64_t> tile_edges() {
     std::vector<int64_t> p;
     for (int64_t e : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049, 2111, 4096, 4097})
@@ -292,7 +306,7 @@ class CudaIndexerFp8 : public ::testing::TestWithParam<IndexerCase> {};
 
 TEST_P(CudaIndexerFp8, SelectsTheCpuSetOfE4m3Rows) {
     CPFILL_SKIP_WITHOUT_GPU();
-    if (!ops::cuda::indexer_fp8::supported()) GTEST_SKIP() << "needs compute capability 9.0";
+    if (!ops::cuda::indexer_hopper::supported()) GTEST_SKIP() << "needs compute capability 9.0";
     const IndexerCase c = GetParam();
     SCOPED_TRACE(testing::Message()
                  << "fp8: heads " << c.n_heads << ", dim " << c.dim << ", tokens " << c.n_tokens
@@ -365,13 +379,14 @@ SplitTimes time_split(const DeviceIndexer& d) {
 // One CSA layer's indexer over a whole request of n_tokens (queries at positions 0 … n_tokens −
 // 1, ratio 4, 64 heads × 128, top-512) with the engine's scratch of 2^26 floats; FLOPs counted as
 // 2 · n_heads · dim per (query, eligible entry). Also checks a few queries against the CPU.
-void time_context(int64_t n_tokens, ops::cuda::IndexerPrecision precision) {
+void time_context(int64_t n_tokens, ops::cuda::IndexerPrecision precision, bool mma_sync = false) {
     const int64_t period = 2048;  // distinct queries, repeated
     const bool fp8 = precision == ops::cuda::IndexerPrecision::Fp8;
     HostIndexer h =
         make_inputs(64, 128, n_tokens / kRatio, 512, false, positions(0, n_tokens, 1), period);
     const int64_t chunk = (int64_t{1} << 26) / h.n_ent;
     DeviceIndexer d(h, chunk, precision);
+    d.args.mma_sync = mma_sync;
     const std::vector<int32_t> got = d.run();
     int64_t near_ties = 0;
     expect_cpu_sets(fp8 ? rounded_e4m3(h) : h, got,
@@ -385,7 +400,10 @@ void time_context(int64_t n_tokens, ops::cuda::IndexerPrecision precision) {
         "x "
         "128, top-512: call %.2f ms (%.1f TFLOP/s); scoring %.2f ms = %.1f TFLOP/s; top-k %.2f "
         "ms; %lld near-tie swaps in the checked queries\n",
-        fp8 ? "fp8" : "bf16", static_cast<long long>(n_tokens), static_cast<long long>(h.n_q()),
+        fp8        ? "fp8"
+        : mma_sync ? "bf16 (mma.sync)"
+                   : "bf16",
+        static_cast<long long>(n_tokens), static_cast<long long>(h.n_q()),
         static_cast<long long>(h.n_ent), static_cast<long long>(chunk), t.all_ms,
         flops / (t.all_ms * 1e-3) / 1e12, t.score_ms, flops / (t.score_ms * 1e-3) / 1e12, t.topk_ms,
         static_cast<long long>(near_ties));
@@ -394,6 +412,11 @@ void time_context(int64_t n_tokens, ops::cuda::IndexerPrecision precision) {
 TEST(CudaIndexerTiming, DISABLED_Context64k) {
     CPFILL_SKIP_WITHOUT_GPU();
     time_context(65536, ops::cuda::IndexerPrecision::Bf16);
+}
+
+TEST(CudaIndexerTiming, DISABLED_Context64kMmaSync) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    time_context(65536, ops::cuda::IndexerPrecision::Bf16, true);
 }
 
 TEST(CudaIndexerTiming, DISABLED_Context128k) {

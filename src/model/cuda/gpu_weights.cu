@@ -11,7 +11,7 @@
 #include "model/weight_bytes.h"
 #include "ops/cuda/fp4.h"
 #include "ops/cuda/fp8.h"
-#include "ops/cuda/indexer_fp8.h"
+#include "ops/cuda/indexer_hopper.h"
 #include "ops/cuda/stored_decode.h"
 #include "ops/rope.h"
 #include "runtime/cuda/cuda_check.h"
@@ -645,7 +645,8 @@ GpuWeights build_top(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat 
     g.cfg = cfg;
     g.slice = slice;
     g.format = format;
-    g.indexer_fp8 = gpu_indexer_fp8(GpuIndexer::Auto, format, ops::cuda::indexer_fp8::supported());
+    g.indexer_fp8 =
+        gpu_indexer_fp8(GpuIndexer::Auto, format, ops::cuda::indexer_hopper::supported());
     g.width = slice_width(cfg.moe_dim, slice);
     Builder b(seed, &g);
     for (const WeightSpec& spec : weight_specs(cfg)) {

@@ -1,6 +1,7 @@
-// indexer_topk: two kernels per chunk of queries (a chunk's scores fill the scratch); with
-// IndexerPrecision::Fp8 the scores come from ops/cuda/indexer_fp8.cu instead (the keys quantised
-// once per call, the chunk's queries before its scoring, both into the same scratch: Fp8Layout).
+// indexer_topk: two kernels per chunk of queries (a chunk's scores fill the scratch). On Hopper the
+// scores come from ops/cuda/indexer_hopper.cu (bf16 operands as they are; with
+// IndexerPrecision::Fp8 the keys quantised once per call and the chunk's queries before its
+// scoring, both into the same scratch: Fp8Layout). Elsewhere (and with IndexerArgs::mma_sync):
 //   scores  tensor cores, mma.sync m16n8k16 bf16 → fp32. A block of 8 warps owns 8 consecutive
 //           queries (warp w: query w) and up to kSplit = 2048 entries of them; each warp keeps its
 //           query's Q [64 heads, 128 dims] in registers as the B operand (128 registers, loaded
@@ -21,7 +22,7 @@
 
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/indexer_device.cuh"
-#include "ops/cuda/indexer_fp8.h"
+#include "ops/cuda/indexer_hopper.h"
 #include "ops/cuda/ptx.cuh"
 #include "runtime/cuda/cuda_check.h"
 
@@ -299,7 +300,7 @@ struct Fp8Layout {
 int64_t align1024(int64_t b) { return (b + 1023) / 1024 * 1024; }
 
 Fp8Layout fp8_layout(int64_t n_entries, int64_t rows) {
-    namespace f8 = indexer_fp8;
+    namespace f8 = indexer_hopper;
     Fp8Layout l;
     l.q8 = align1024(rows * n_entries * 4);
     l.wq = align1024(l.q8 + rows * f8::kPadHeads * f8::kRowBytes);
@@ -347,9 +348,10 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
     CPFILL_CHECK(fp8 || a.precision == IndexerPrecision::Bf16,
                  "indexer on CUDA: precision {} is neither bf16 nor fp8",
                  static_cast<int>(a.precision));
-    CPFILL_CHECK(!fp8 || indexer_fp8::supported(),
+    CPFILL_CHECK(!fp8 || indexer_hopper::supported(),
                  "the fp8 indexer needs a GPU of compute capability 9.0 (Hopper); use the bf16 "
                  "indexer on this GPU");
+    const bool hopper = !fp8 && !a.mma_sync && indexer_hopper::supported();
     const int64_t need = indexer_scratch_floats(a.precision, n_ent, 1);
     CPFILL_CHECK(scores_floats >= need, "indexer: scores scratch of {} floats, need ≥ {}",
                  scores_floats, need);
@@ -362,8 +364,8 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
     uint8_t* const k8 = raw + lay.k8;
     float* const kf = reinterpret_cast<float*>(raw + lay.kf);
     if (fp8)  // the keys once (their factor carries the scale dim^−½), then each chunk's queries
-        indexer_fp8::quantize_rows(a.keys, a.dim, 1, 1, a.n_entries, nullptr, a.scale, k8, kf,
-                                   stream);
+        indexer_hopper::quantize_rows(a.keys, a.dim, 1, 1, a.n_entries, nullptr, a.scale, k8, kf,
+                                      stream);
     const int64_t n_splits = (a.n_entries + kSplit - 1) / kSplit;
     const int64_t groups = (chunk + kQueries - 1) / kQueries;
     CPFILL_CHECK(groups * n_splits <= 0x7fffffff,
@@ -378,11 +380,15 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
     for (int64_t t0 = 0; t0 < a.n_q; t0 += chunk) {
         const int64_t rows = std::min(chunk, a.n_q - t0);
         if (fp8 && a.n_entries > 0) {
-            indexer_fp8::quantize_rows(a.q + t0 * a.n_heads * a.dim, a.dim, a.n_heads,
-                                       indexer_fp8::kPadHeads, rows * indexer_fp8::kPadHeads,
-                                       a.weight + t0 * a.n_heads, 1.0f, q8, wq, stream);
-            indexer_fp8::score(q8, wq, a.pos + t0, rows, k8, kf, a.n_entries, a.ratio, scores,
-                               stream);
+            indexer_hopper::quantize_rows(
+                a.q + t0 * a.n_heads * a.dim, a.dim, a.n_heads, indexer_hopper::kPadHeads,
+                rows * indexer_hopper::kPadHeads, a.weight + t0 * a.n_heads, 1.0f, q8, wq, stream);
+            indexer_hopper::score_fp8(q8, wq, a.pos + t0, rows, k8, kf, a.n_entries, a.ratio,
+                                      scores, stream);
+        } else if (hopper) {
+            indexer_hopper::score_bf16(a.q + t0 * a.n_heads * a.dim, a.weight + t0 * a.n_heads,
+                                       a.n_heads, a.dim, a.pos + t0, rows, a.keys, a.scale,
+                                       a.n_entries, a.ratio, scores, stream);
         } else if (n_splits > 0) {
             const int64_t blocks = (rows + kQueries - 1) / kQueries * n_splits;
             score_kernel<<<static_cast<unsigned>(blocks), kScoreThreads, score_smem, stream>>>(

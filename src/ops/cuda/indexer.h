@@ -11,9 +11,10 @@
 
 namespace cpfill::ops::cuda {
 
-// How the scores are computed: bf16 operands on mma.sync, or the queries' head rows and the keys
-// rounded to e4m3 per row of 128 channels (ops::round_indexer_rows(Fp8) on the CPU) and scored by
-// a Hopper kernel (ops/cuda/indexer_fp8.h; compute capability 9.0). fp32 sums either way.
+// How the scores are computed: from bf16 operands, or from the queries' head rows and the keys
+// rounded to e4m3 per row of 128 channels (ops::round_indexer_rows(Fp8) on the CPU; compute
+// capability 9.0). On Hopper both run the wgmma kernel of ops/cuda/indexer_hopper.h; bf16 on other
+// GPUs (or with IndexerArgs::mma_sync) an mma.sync kernel. fp32 sums either way.
 enum class IndexerPrecision { Bf16, Fp8 };
 
 struct IndexerArgs {
@@ -30,6 +31,7 @@ struct IndexerArgs {
     float scale = 0.0f;      // dim^−½
     int32_t* idx = nullptr;  // [n_q, top_k] out: the selected entries in ascending order, then −1
     IndexerPrecision precision = IndexerPrecision::Bf16;
+    bool mma_sync = false;  // Bf16: the mma.sync kernel even on Hopper (the tests pin both kernels)
 };
 
 // Floats of scratch that indexer_topk needs to run `rows` queries per chunk over n_entries
