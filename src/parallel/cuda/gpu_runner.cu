@@ -248,11 +248,11 @@ void Runner::begin_chunk(const ChunkPlan& chunk) {
 
 // An exchange's collective: on the compute stream without TBO; with TBO on the comm stream
 // through the duplicate communicator, after the compute stream's point where its send buffer was
-// written.
+// written. None with one rank: the workspace made the receive buffer the send buffer.
 void Runner::start(Exchange e, int si, int li) {
-    if (opt_.no_comm) return;
     SubState& s = ws_.subs[si];
     const size_t k = slot(e);
+    if (opt_.no_comm || s.send[k] == s.recv[k]) return;
     const int64_t count = s.n * exchange_width(cfg_, W_.layers[li].type, e);
     const void* send = s.send[k];
     void* recv = s.recv[k];
@@ -275,7 +275,8 @@ void Runner::start(Exchange e, int si, int li) {
 }
 
 void Runner::wait(Exchange e, int si, int /*layer*/) {
-    if (opt_.no_comm || !chunk_->tbo) return;
+    const SubState& s = ws_.subs[si];
+    if (opt_.no_comm || !chunk_->tbo || s.send[slot(e)] == s.recv[slot(e)]) return;
     ctx_.phase(Phase::Collectives);
     done_[slot(e)][si].make_wait(dev_.compute);
 }
@@ -373,7 +374,8 @@ void Runner::moe_route(int si, int li) {
     SubState& s = ws_.subs[si];
     mark_[si].record(dev_.compute);
     mark_[si].make_wait(dev_.route);
-    if (chunk_->tbo && !opt_.no_comm) done_[slot(Exchange::MoeInputs)][si].make_wait(dev_.route);
+    const size_t k = slot(Exchange::MoeInputs);
+    if (chunk_->tbo && !opt_.no_comm && s.send[k] != s.recv[k]) done_[k][si].make_wait(dev_.route);
     gpu_moe_route(route_ctx_, W_, W_.layers[li], s.recv[slot(Exchange::MoeInputs)], s.tokens_rm,
                   s.padded, s.route);
     routed_[si].record(dev_.route);

@@ -108,7 +108,10 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
             for (AttnType t : cfg.layer_types) width = std::max(width, exchange_width(cfg, t, e));
             const bool gather = collective_of(e) == Collective::AllGather;
             s.send[slot(e)] = a.template take<bf16>((gather ? n : P) * width);
-            s.recv[slot(e)] = a.template take<bf16>((gather ? P : n) * width);
+            // One rank: the exchange moves nothing, its consumer reads the send buffer (the
+            // runner skips the collective when the two are one).
+            s.recv[slot(e)] = cp == 1 && P == n ? s.send[slot(e)]
+                                                : a.template take<bf16>((gather ? P : n) * width);
         }
         GpuRouteScratch& r = s.route;
         r.logits = a.template take<float>(P * E);
