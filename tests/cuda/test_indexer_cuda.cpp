@@ -256,7 +256,7 @@ std::vector<int64_t> edges() { return {0, 1, 2, 3, 4, 7, 8, 63, 64, 65, 66, 67, 
 
 // 18 queries whose eligible counts straddle the 16-key sub-tiles, the 128-key tiles and the
 // 2048-entry splits of the mma.sync scoring kernel (position 4e − 1 has e eligible entries, 4e + 2
-// too) and the wgmma kernel's 4096-entry splits.
+// too); the wgmma kernel's 16384-entry splits are straddled by the last case of indexer_cases().
 std::vector<int64_t> tile_edges() {
     std::vector<int64_t> p;
     for (int64_t e : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 2047, 2048, 2049, 2111, 4096, 4097})
@@ -272,32 +272,33 @@ std::vector<int64_t> reversed(std::vector<int64_t> p) {
 }
 
 std::vector<IndexerCase> indexer_cases() {
-    return {IndexerCase{4, 128, 400, 16, true, 0, edges()},   // tiny preset, exact ties
-            IndexerCase{64, 128, 400, 16, true, 3, edges()},  // 64 heads, chunks of 3 queries
-            IndexerCase{17, 64, 3000, 100, true, 0, positions(0, 3000, 37)},
-            IndexerCase{4, 128, 400, 16, false, 0, edges()},
-            IndexerCase{64, 128, 5000, 512, false, 0, positions(0, 5000, 61)},      // V4-Flash
-            IndexerCase{64, 128, 9000, 1024, false, 7, positions(4000, 9000, 97)},  // V4-Pro
-            IndexerCase{33, 48, 260, 1, false, 0, positions(0, 260, 1)},
-            // Tile and split edges: exact at the model's shape; random with 48 heads × 64,
-            // positions descending, chunks of 5 queries.
-            IndexerCase{64, 128, 16500, 64, true, 0, tile_edges()},
-            IndexerCase{48, 64, 16500, 200, false, 5, reversed(tile_edges())},
-            // The smallest shape, one query per block row, chunks of 3.
-            IndexerCase{1, 16, 1000, 8, true, 3, positions(0, 1000, 13)},
-            // Eligible counts top_k − 1 … top_k + 2, one query per chunk; dim 96 (6 k-steps).
-            IndexerCase{64, 128, 1200, 100, true, 1, {395, 399, 403, 404, 407, 1199}},
-            IndexerCase{64, 96, 3000, 30, false, 0, positions(1, 3000, 29)},
-            // Exact ties across the top-k cache (24576 entries); random data at the 64k shape in
-            // chunks of 2.
-            IndexerCase{8,
-                        64,
-                        100000,
-                        512,
-                        true,
-                        0,
-                        {99999, 98303, 98307, 65535, 40003, 32767, 32771, 2051, 8191}},
-            IndexerCase{64, 128, 66000, 512, false, 2, {65999, 65535, 65540, 30000, 12}}};
+    return {
+        IndexerCase{4, 128, 400, 16, true, 0, edges()},   // tiny preset, exact ties
+        IndexerCase{64, 128, 400, 16, true, 3, edges()},  // 64 heads, chunks of 3 queries
+        IndexerCase{17, 64, 3000, 100, true, 0, positions(0, 3000, 37)},
+        IndexerCase{4, 128, 400, 16, false, 0, edges()},
+        IndexerCase{64, 128, 5000, 512, false, 0, positions(0, 5000, 61)},      // V4-Flash
+        IndexerCase{64, 128, 9000, 1024, false, 7, positions(4000, 9000, 97)},  // V4-Pro
+        IndexerCase{33, 48, 260, 1, false, 0, positions(0, 260, 1)},
+        // Tile and split edges: exact at the model's shape; random with 48 heads × 64,
+        // positions descending, chunks of 5 queries.
+        IndexerCase{64, 128, 16500, 64, true, 0, tile_edges()},
+        IndexerCase{48, 64, 16500, 200, false, 5, reversed(tile_edges())},
+        // The smallest shape, one query per block row, chunks of 3.
+        IndexerCase{1, 16, 1000, 8, true, 3, positions(0, 1000, 13)},
+        // Eligible counts top_k − 1 … top_k + 2, one query per chunk; dim 96 (6 k-steps).
+        IndexerCase{64, 128, 1200, 100, true, 1, {395, 399, 403, 404, 407, 1199}},
+        IndexerCase{64, 96, 3000, 30, false, 0, positions(1, 3000, 29)},
+        // Exact ties across the top-k cache (24576 entries); random data at the 64k shape in
+        // chunks of 2 (16384, 16385 and 16500 eligible: both sides of the wgmma kernel's split).
+        IndexerCase{8,
+                    64,
+                    100000,
+                    512,
+                    true,
+                    0,
+                    {99999, 98303, 98307, 65535, 40003, 32767, 32771, 2051, 8191}},
+        IndexerCase{64, 128, 66000, 512, false, 2, {65999, 65535, 65540, 30000, 12}}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaIndexer, ::testing::ValuesIn(indexer_cases()));
