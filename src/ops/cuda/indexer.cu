@@ -373,8 +373,9 @@ void indexer_topk(const IndexerArgs& a, float* scores, int64_t scores_floats, cu
     const int score_smem = static_cast<int>(sizeof(ScoreSmem));
     const int cache_n = static_cast<int>(std::min<int64_t>(n_ent, kTopkCache));
     const int topk_smem = cache_n * static_cast<int>(sizeof(uint32_t));
-    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(
-        score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, score_smem));
+    if (!fp8 && !hopper)  // the mma.sync kernel's shared memory, only where it runs
+        CPFILL_CUDA_CHECK(cudaFuncSetAttribute(
+            score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, score_smem));
     CPFILL_CUDA_CHECK(
         cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, topk_smem));
     for (int64_t t0 = 0; t0 < a.n_q; t0 += chunk) {

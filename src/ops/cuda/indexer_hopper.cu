@@ -7,9 +7,9 @@
 // row's factor out = s · (its head weight, or a constant) folds the scale into what multiplies
 // the row's dot products later; a pad row gets 0.
 //
-// score_kernel<kBf16>: a block of three warpgroups owns 8 queries and up to kSplit entries. The
-// first warpgroup's thread 0 loads (TMA, 128-byte swizzle) the 8 queries' 512 head rows once (64
-// heads; the map pads missing heads and dims with zeros), then streams key tiles of 128 entries
+// score_kernel<kBf16, kUsed>: a block of three warpgroups owns 8 queries and up to kSplit entries.
+// The first warpgroup's thread 0 loads (TMA, 128-byte swizzle) the 8 queries' 512 head rows once
+// (64 heads; the map pads missing heads and dims with zeros), then streams key tiles of 128 entries
 // into a ring of stages. A row is 128 bytes of e4m3, or two halves of 64 bf16 channels kept as two
 // tiles of 128-byte rows (one when dim ≤ 64). Each of the other two warpgroups scores 64 keys of a
 // tile against the 8 queries, two queries at a time: wgmma (A: its 64 keys, B: the two queries'
