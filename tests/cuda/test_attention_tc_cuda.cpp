@@ -219,6 +219,42 @@ INSTANTIATE_TEST_SUITE_P(
                       TcCase{80, Keys::kCsa, 37}, TcCase{128, Keys::kHcaDense, 64, 60.0f}),
     case_name);
 
+// The window keys as chunked prefill keeps them (model/cuda/gpu_attention.h): a buffer that starts
+// at position window0, here the earliest key the queries read (the last 300 positions of the
+// store, consecutive). The device holds only those rows, so a kernel that read rows by position
+// would read past the buffer's start and differ from the CPU.
+TEST(CudaAttentionTcWindowBuffer, RowsFromWindow0MatchCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    for (Keys keys : {Keys::kSliding, Keys::kCsa, Keys::kHcaDense}) {
+        AttnCase c = make_case(TcCase{64, keys, 300});
+        c.pos.clear();
+        for (int64_t p = c.n_tokens - 300; p < c.n_tokens; ++p) c.pos.push_back(p);
+        SCOPED_TRACE(testing::Message() << "tokens " << c.n_tokens << ", ratio " << c.ratio
+                                        << ", top_k " << c.top_k << ", seeds 95-99");
+        const AttnData d = make_data(c, 95);
+        const std::vector<float> ref = cpu_attention(c, d);
+        const int64_t w0 = c.n_tokens - 300 - (kWindow - 1);
+        DeviceAttn dev(c, d);
+        cuda::DeviceBuffer tail =
+            cuda::upload_bf16(d.window.data() + w0 * kHeadDim, (c.n_tokens - w0) * kHeadDim);
+        dev.window = std::move(tail);
+        dev.args.window = dev.window.as<__nv_bfloat16>();
+        dev.args.window0 = w0;
+        ops::cuda::attention_tc(dev.args, nullptr);
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+        const Diff diffs = print_diff("out", diff(cuda::download_bf16(dev.out, ref.size()), ref));
+        EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+    }
+}
+
+TEST(CudaAttentionTcArgs, RejectsANegativeWindow0) {
+    ops::cuda::AttnArgs a;
+    a.n_q = 1;
+    a.n_heads = 8;
+    a.window0 = -1;
+    EXPECT_THROW(ops::cuda::attention_tc(a, nullptr), Error);
+}
+
 // Folded norm and RoPE as the model uses them (model/attention.cpp): eps 1e-6, 64 RoPE channels.
 constexpr int kRopeDim = 64;
 constexpr float kNormEps = 1e-6f;

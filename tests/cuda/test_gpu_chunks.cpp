@@ -197,9 +197,10 @@ void expect_same_kv(const KvStore& c, const KvStore& o, const ModelConfig& cfg,
     }
 }
 
-// Chunks bound the activations, not the KV store: a chunked plan needs less than one pass, less
-// for smaller chunks, and still grows with the prompt.
-TEST(GpuChunks, ShrinkTheWorkspaceButNotTheKvStore) {
+// Chunks bound the activations and the window keys: a chunked plan needs less than one pass, less
+// for smaller chunks; a longer prompt in the same chunks adds its compressed entries (and indexer
+// keys), not its window keys (a buffer of the chunk and the window before it).
+TEST(GpuChunks, ShrinkTheWorkspaceAndBoundTheWindowKeys) {
     CPFILL_SKIP_WITHOUT_GPU();
     const ModelConfig cfg = preset_config("flash-slice");
     const auto ws = [&](int64_t tokens, int64_t chunk) {
@@ -209,10 +210,19 @@ TEST(GpuChunks, ShrinkTheWorkspaceButNotTheKvStore) {
     const size_t one = ws(65536, 0), c16 = ws(65536, 16384), c4 = ws(65536, 4096);
     EXPECT_LT(c16, one);
     EXPECT_LT(c4, c16);
-    // The per-token KV store (window keys of every position, entries, indexer keys) of a longer
-    // prompt in the same chunks: at least head_dim bf16 per token and layer more.
-    const size_t longer = ws(131072, 4096);
-    EXPECT_GE(longer - c4, size_t(65536) * cfg.n_layers * cfg.head_dim * 2);
+    const int64_t more = 65536;
+    size_t entries = 0;
+    for (int li = 0; li < cfg.n_layers; ++li) {
+        const int ratio = cfg.ratio(li);
+        if (ratio == 0) continue;
+        entries += size_t(more / ratio) * cfg.head_dim * 2;
+        if (cfg.layer_types[li] == AttnType::CSA)
+            entries += size_t(more / ratio) * cfg.index_head_dim * 2;
+    }
+    const size_t longer = ws(65536 + more, 4096);
+    EXPECT_GE(longer - c4, entries);
+    // Less than one layer's window keys of the added tokens (all layers' were 4 × 64 MiB here).
+    EXPECT_LT(longer - c4, entries + size_t(more) * cfg.head_dim * 2);
     // And one chunk as large as the prompt is one pass.
     EXPECT_EQ(ws(65536, 65536), one);
 }

@@ -1,4 +1,5 @@
 // GPU attention stages: projections through cuBLASLt, norms, RoPE, pooling, indexer, attention.
+#include <algorithm>
 #include <cmath>
 
 #include "model/cuda/gpu_attention.h"
@@ -130,6 +131,10 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, c
     oc::scale_f32(s.wI, n * nI, 1.0f / std::sqrt(float(nI)), c.stream);
 }
 
+int64_t window_rows(int64_t len, int64_t chunk_tokens, int window) {
+    return std::min(len, chunk_tokens + 2 * (int64_t{window} - 1));
+}
+
 void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, const bf16* rows,
                    int64_t ld, int64_t row0, int64_t pos0, int64_t len, GpuLayerKv& kv,
                    const GpuAttnScratch& s) {
@@ -140,7 +145,23 @@ void gpu_kv_append(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, cons
     CPFILL_CHECK(row0 >= 0 && row0 <= pos0, "segment rows start at {}, after its position {}", row0,
                  pos0);
     c.phase(Phase::Attention);
-    oc::copy_cols_bf16(rows + (pos0 - row0) * ld, ld, len, d, kv.window + pos0 * d, d, c.stream);
+    if (pos0 + len - kv.window0 > kv.window_cap) {
+        // Keep the window − 1 keys before pos0 (the earliest a query of this segment reads), at
+        // the front; window_rows leaves a gap of as many rows between them and their new place.
+        const int64_t w0 = std::max<int64_t>(kv.window0, pos0 - (cfg.window - 1));
+        const int64_t keep = pos0 - w0, from = w0 - kv.window0;
+        CPFILL_CHECK(from >= keep && pos0 + len - w0 <= kv.window_cap,
+                     "KV store: the window buffer of {} rows (positions from {}) cannot take "
+                     "positions {} to {}",
+                     kv.window_cap, kv.window0, pos0, pos0 + len - 1);
+        if (keep > 0)
+            CPFILL_CUDA_CHECK(cudaMemcpyAsync(kv.window, kv.window + from * d,
+                                              keep * d * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                              c.stream));
+        kv.window0 = w0;
+    }
+    oc::copy_cols_bf16(rows + (pos0 - row0) * ld, ld, len, d, kv.window + (pos0 - kv.window0) * d,
+                       d, c.stream);
     const int64_t after = pos0 + len;
     if (L.type != AttnType::Sliding) {
         c.phase(Phase::Compressor);
@@ -205,6 +226,7 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         a.n_heads = H;
         a.head_dim = d;
         a.window = kv.window;
+        a.window0 = kv.window0;
         a.window_size = cfg.window;
         if (L.type != AttnType::Sliding) {
             a.entries = kv.entries;

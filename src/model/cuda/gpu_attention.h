@@ -17,13 +17,22 @@ namespace cpfill::cuda {
 using bf16 = __nv_bfloat16;
 
 // One request's KV store for one layer on this GPU, in global token order (capacities planned
-// from the request's length).
+// from the request's length and the chunk). The window keys are a buffer of window_cap rows
+// holding positions window0 … n_tokens − 1: every position in one pass; in chunks, the chunk's
+// and at least the window − 1 before it (gpu_kv_append moves those to the front when the next
+// segment does not fit), so the store's window part is bounded by the chunk, not the prompt.
 struct GpuLayerKv {
-    bf16* window = nullptr;      // [n_tokens, head_dim]
+    bf16* window = nullptr;      // [window_cap, head_dim], row r = position window0 + r
     bf16* entries = nullptr;     // [n_entries, head_dim]
     bf16* index_keys = nullptr;  // [n_entries, index_head_dim] (CSA)
     int64_t n_tokens = 0, n_entries = 0;
+    int64_t window0 = 0, window_cap = 0;
 };
+
+// Rows of a request's window-key buffer: the whole request when a run is one pass (chunk_tokens
+// ≥ len), else the chunk's tokens and twice window − 1: room for the window − 1 keys kept from
+// before plus a gap of as many, so that the rows moved to the front never overlap their source.
+int64_t window_rows(int64_t len, int64_t chunk_tokens, int window);
 using GpuKvStore = std::vector<std::vector<GpuLayerKv>>;  // [request][layer]
 
 // Local rows of one sub-batch on this rank: positions on the device, and the runs of valid rows

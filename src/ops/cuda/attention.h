@@ -12,7 +12,7 @@
 namespace cpfill::ops::cuda {
 
 // Queries of one request against that request's KV store. Query i at position p = pos[i] uses:
-//   window keys  window[j] for j ∈ [max(0, p − window_size + 1), p];
+//   window keys  positions j ∈ [max(0, p − window_size + 1), p] (row j − window0 of window);
 //   entries      entry_idx == nullptr: entries[0 … min((p + 1) / ratio, n_entries) − 1] (HCA, all
 //                eligible); otherwise the rows entry_idx[i, 0 … idx_stride) (CSA top-k), which
 //                must be eligible and have their −1 padding at the end; ratio 0 or
@@ -24,8 +24,11 @@ struct AttnArgs {
     const int64_t* pos = nullptr;  // device [n_q], positions inside the request
     int64_t n_q = 0;
     int n_heads = 0;
-    int head_dim = 512;                     // only 512 (every DeepSeek-V4 model)
-    const __nv_bfloat16* window = nullptr;  // [≥ max(pos) + 1, head_dim], row = position
+    int head_dim = 512;  // only 512 (every DeepSeek-V4 model)
+    // The window keys: row r is position window0 + r (a buffer of the last keys, as the KV store
+    // keeps them in chunked prefill); every query's window positions must be ≥ window0.
+    const __nv_bfloat16* window = nullptr;  // [≥ max(pos) + 1 − window0, head_dim]
+    int64_t window0 = 0;
     int window_size = 128;
     const __nv_bfloat16* entries = nullptr;  // [n_entries, head_dim] compressed entries
     int64_t n_entries = 0;

@@ -58,7 +58,7 @@ struct TcSmem {
 // The query's key list: n_window window rows from row j0, then entries (sel[e] or e).
 struct KeyList {
     const __nv_bfloat16* window;
-    int64_t j0;
+    int64_t j0;  // a row of window (the first window position − window0)
     int64_t n_window;
     const __nv_bfloat16* entries;
     const int32_t* sel;
@@ -334,10 +334,11 @@ __device__ __forceinline__ void softmax_tile(TcSmem<kM>& s, bool logits_warp, in
 template <int kM>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_tc_kernel(const __nv_bfloat16* q, const int64_t* pos, int n_heads,
-                        const __nv_bfloat16* window, int window_size, const __nv_bfloat16* entries,
-                        int64_t n_entries, int ratio, const int32_t* entry_idx, int64_t idx_stride,
-                        const float* sinks, float scale, __nv_bfloat16* out, bool q_norm,
-                        float q_norm_eps, int rope_dim, const float* inv_freq) {
+                        const __nv_bfloat16* window, int64_t window0, int window_size,
+                        const __nv_bfloat16* entries, int64_t n_entries, int ratio,
+                        const int32_t* entry_idx, int64_t idx_stride, const float* sinks,
+                        float scale, __nv_bfloat16* out, bool q_norm, float q_norm_eps,
+                        int rope_dim, const float* inv_freq) {
     constexpr int kMf = kM / 16;             // 16-head fragments (P·V, every warp)
     constexpr int kMfS = kM >= 32 ? 2 : 1;   // 16-head fragments of a logits warp
     constexpr int kSWarps = 2 * kMf / kMfS;  // logits warps: row blocks × 2 key halves
@@ -362,8 +363,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     KeyList kl;
     kl.window = window;
-    kl.j0 = p - window_size + 1 > 0 ? p - window_size + 1 : 0;
-    kl.n_window = p - kl.j0 + 1;
+    const int64_t first = p - window_size + 1 > 0 ? p - window_size + 1 : 0;
+    kl.j0 = first - window0;
+    kl.n_window = p - first + 1;
     kl.entries = entries;
     kl.sel = entry_idx ? entry_idx + t * idx_stride : nullptr;
     int64_t n_ent = 0;
@@ -460,7 +462,7 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
     CPFILL_CHECK(blocks <= 0x7fffffff, "attention_tc: {} queries × head groups in one call",
                  blocks);
     attention_tc_kernel<kM><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
-        a.q, a.pos, a.n_heads, a.window, a.window_size, a.entries, a.n_entries, a.ratio,
+        a.q, a.pos, a.n_heads, a.window, a.window0, a.window_size, a.entries, a.n_entries, a.ratio,
         a.entry_idx, a.idx_stride, a.sinks, a.scale, a.out, a.q_norm, a.q_norm_eps, a.rope_dim,
         a.inv_freq);
     CPFILL_CUDA_CHECK(cudaGetLastError());
@@ -474,8 +476,9 @@ void attention_tc(const AttnArgs& a, cudaStream_t stream) {
     if (a.n_q == 0) return;
     CPFILL_CHECK(a.head_dim == kHeadDim, "attention_tc: head_dim {} is not supported ({} only)",
                  a.head_dim, kHeadDim);
-    CPFILL_CHECK(a.n_heads >= 1 && a.window_size >= 1, "attention_tc: n_heads {}, window {}",
-                 a.n_heads, a.window_size);
+    CPFILL_CHECK(a.n_heads >= 1 && a.window_size >= 1 && a.window0 >= 0,
+                 "attention_tc: n_heads {}, window {}, window0 {}", a.n_heads, a.window_size,
+                 a.window0);
     CPFILL_CHECK(a.entry_idx == nullptr || a.idx_stride >= 0, "attention_tc: idx_stride {}",
                  a.idx_stride);
     CPFILL_CHECK(aligned16(a.q) && aligned16(a.window) && aligned16(a.entries) && aligned16(a.out),

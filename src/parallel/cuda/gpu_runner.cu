@@ -511,7 +511,11 @@ void Runner::download_kv() {
             kv.n_tokens = g.n_tokens;
             const int64_t keep = std::min<int64_t>(g.n_tokens, cfg_.window - 1);
             kv.window0 = g.n_tokens - keep;
-            kv.window = fetch(g.window + kv.window0 * d, keep * d);
+            CPFILL_CHECK(kv.window0 >= g.window0,
+                         "KV state: the last {} window keys of {} are "
+                         "not in the buffer (it holds positions from {})",
+                         keep, g.n_tokens, g.window0);
+            kv.window = fetch(g.window + (kv.window0 - g.window0) * d, keep * d);
             if (W_.layers[li].type == AttnType::Sliding) continue;
             kv.n_entries = g.n_entries;
             kv.entries = fetch(g.entries, g.n_entries * d);

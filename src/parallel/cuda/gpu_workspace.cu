@@ -206,7 +206,8 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         const int64_t len = static_cast<int64_t>((*plan.requests)[r].size());
         for (int li = 0; li < cfg.n_layers; ++li) {
             GpuLayerKv& kv = w.kv[r][li];
-            kv.window = a.template take<bf16>(len * cfg.head_dim);
+            kv.window_cap = window_rows(len, d.T, cfg.window);
+            kv.window = a.template take<bf16>(kv.window_cap * cfg.head_dim);
             const int ratio = cfg.ratio(li);
             if (ratio > 0) kv.entries = a.template take<bf16>(len / ratio * cfg.head_dim);
             if (cfg.layer_types[li] == AttnType::CSA)
