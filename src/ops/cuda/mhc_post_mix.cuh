@@ -62,31 +62,8 @@ struct PostMix {
     static_assert(kLd % 32 == 4 && kLd % 4 == 0, "bank pattern, 16-byte rows");
 };
 
-// 4-byte global → shared copy; valid == false writes a zero and reads nothing.
-__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
-    const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
-// x = hi + lo with both parts tf32 (round to nearest); |x − hi − lo| ≤ 2⁻²² |x|.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-    const float rest = x - __uint_as_float(hi);
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(rest));
-}
-
-// c[16×8] += a[16×8] · b[8×8], tf32 operands, fp32 accumulators (PTX fragment layouts).
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // h ← post · o + combᵀ · h for kTile tokens × one slice of d_model, and per token the slice's
 // (2 + HC)·HC products with `next`'s fn and Σ h² → part fp32 [splits, rows, kVals].
