@@ -1,12 +1,20 @@
 // mhc_post_pre (mhc.h): a site boundary — post, next pre, RMSNorm — in two kernels.
-// Kernel 1, mhc_post_mix_kernel (mhc_post_mix.cuh): a block of 256 threads owns kTile = 32 tokens
-//   and one slice of d_model (one slice unless the tiles are too few to fill the GPU, then up to
-//   kMaxSplit); it streams h through shared memory, writes the updated h once and multiplies it
-//   with the next site's fn on the tensor cores (split tf32, fp32 accuracy). Split d_model (splits
-//   > 1): per token the slice's mixes and sum of squares → scratch [splits, rows, kVals]. One slice
-//   (splits == 1, the case at long lengths) with vector access for kernel 2: those are the token's
-//   totals, so warp 0 runs the site math of mhc_pre itself (one lane per token) → post_out,
-//   comb_out, and pre → scratch [rows, hc].
+// Kernel 1, mhc_post_mix_kernel: a block of 256 threads owns kTile = 32 tokens and one slice of
+//   d_model (chunks of kChunk = 32 channels; one slice unless the tiles are too few to fill the
+//   GPU, then up to kMaxSplit). Per chunk, thread (token t = tid / 8, q = tid % 8) updates channels
+//   4q … 4q+3 of every stream of token t in registers (h read once, written once, float4) and
+//   stores them to As [kTile][hc·kChunk + 4] in shared memory; the chunk's fn [(2+hc)·hc,
+//   hc·kChunk] is in Bs [kMixPad][hc·kChunk + 4] (cp.async, double-buffered, one chunk ahead), the
+//   next chunk's h and o are loaded into registers while the block multiplies. The product is a
+//   CUDA-core fp32 SGEMM: the 8 warps split a chunk's hc·kChunk positions (4·hc each); lane
+//   (tg = lane % 8, mg = lane / 8) accumulates tokens tg + 8i (i < 4) × mixes mg + 4j (j < kTn = 6
+//   for hc = 4): per 4 positions 4 + kTn float4 shared loads feed 16·kTn FMA (96 per 10 loads).
+//   Row stride hc·kChunk + 4 floats (a multiple of 4, /4 odd): the 8 (A) or 4 (B) rows a warp reads
+//   at one column fall on distinct bank quads. Per-warp partial products meet in shared memory at
+//   the end. Split d_model (splits > 1): the block writes per token the slice's mixes and sum of
+//   squares (scratch [splits, rows, kVals]). One slice (splits == 1, the case at long lengths)
+//   with vector access for kernel 2: those are the token's totals, so warp 0 runs the site math of
+//   mhc_pre itself (one lane per token) → post_out, comb_out, and pre → scratch [rows, hc].
 // Kernel 2 then, by path:
 //   one slice, vector access: mhc_collapse_norm_kernel, pure streaming. One token per block; reads
 //   pre and h (16-byte loads, ≥ 8 in flight per thread, the bf16 collapse kept in registers), sums
@@ -21,15 +29,260 @@
 
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/mhc_device.cuh"
-#include "ops/cuda/mhc_post_mix.cuh"
+#include "ops/cuda/ptx.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
 
 namespace {
 
-constexpr int kMaxSplit = 8;        // most slices of d_model per tile
-constexpr int kTargetBlocks = 264;  // two blocks of kernel 1 on each of an H200's 132 SMs
+constexpr int kTile = 32;                          // tokens per block of kernel 1
+constexpr int kChunk = 32;                         // channels of each stream per chunk
+constexpr int kFusedThreads = kTile * kChunk / 4;  // one (token, 4 channels) per thread
+constexpr int kMaxSplit = 8;                       // most slices of d_model per tile
+constexpr int kTargetBlocks = 264;                 // two blocks on each of an H200's 132 SMs
+static_assert(kFusedThreads == kThreads, "kernel 1's warps split the chunk 8 ways");
+
+template <int HC>
+struct Fused {
+    static constexpr int kMix = (2 + HC) * HC;
+    static constexpr int kVals = kMix + 1;      // scratch values per token and slice
+    static constexpr int kTn = (kMix + 3) / 4;  // mixes per thread in the product
+    static constexpr int kMixPad = 4 * kTn;     // rows of Bs; rows kMix … stay zero
+    static constexpr int kKc = HC * kChunk;     // flattened positions per chunk
+    static constexpr int kLd = kKc + 4;         // row stride of As and Bs in floats (kLd / 4 odd)
+    static constexpr int kA = kTile * kLd;      // floats of As
+    static constexpr int kB = kMixPad * kLd;    // floats of one Bs buffer
+    static constexpr int kRed = kWarps * kTile * kMixPad;  // the per-warp sums at the end
+    static constexpr int kEnd = kRed + kTile * kVals;      // … and the tile's totals (kSite)
+    static constexpr int kSmem = kA + 2 * kB > kEnd ? kA + 2 * kB : kEnd;
+    static_assert((kLd / 4) % 2 == 1 && kKc % (4 * kWarps) == 0, "bank quads, warp split");
+};
+
+// 4-byte global → shared copy; valid == false writes a zero and reads nothing.
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// Kernel 1: h ← post · o + combᵀ · h for kTile tokens × one slice of d_model, and per token the
+// slice's (2 + HC)·HC products with `next`'s fn and Σ h² → part fp32 [splits, rows, kVals].
+// kSite (one slice, splits == 1): the block's sums are the tokens' totals; it runs the site math of
+// `next` itself → post_out, comb_out, and pre → part fp32 [rows, HC] instead (post_out / comb_out
+// may alias post / comb: the block read its own rows of those at its start).
+// kVec: float4 h / fn, 8-byte o (d_model % 4 == 0, aligned pointers), else scalar.
+template <int HC, bool kVec, bool kSite>
+__global__ void __launch_bounds__(kFusedThreads, 2)
+    mhc_post_mix_kernel(const float* post, const float* comb, const __nv_bfloat16* o,
+                        const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split,
+                        float* h, float* part, float* post_out, float* comb_out) {
+    using F = Fused<HC>;
+    const float* const fn = next.fn;
+    const int64_t d_model = next.d_model;
+    __shared__ __align__(16) float smem[F::kSmem];
+    __shared__ float tok_ss[kTile];
+    __shared__ float coef[kTile][HC + HC * HC];  // post_k, then comb[j, k], of each token
+    float* const As = smem;                      // fp32 [kTile, kLd]: the updated h of the chunk
+    float* const Bs = smem + F::kA;              // fp32 [2, kMixPad, kLd]: fn of the chunk
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t width = HC * d_model;
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile;
+    const int n_rows = static_cast<int>(rows - row0 < kTile ? rows - row0 : kTile);
+    const int64_t n_chunks = (d_model + kChunk - 1) / kChunk;
+    const int64_t c_begin = static_cast<int64_t>(blockIdx.y) * chunks_per_split;
+    const int64_t c_end =
+        c_begin + chunks_per_split < n_chunks ? c_begin + chunks_per_split : n_chunks;
+
+    // Update role: token t, channels 4q … 4q + 3 of each chunk, every stream.
+    const int t = tid >> 3, q = tid & 7;
+    const bool tok = t < n_rows;
+    const int64_t row = row0 + t;  // read only when tok
+    // Zeros past the last row: the update gives zeros there.
+    for (int i = tid; i < kTile * HC; i += kFusedThreads)
+        coef[i / HC][i % HC] = i / HC < n_rows ? post[row0 * HC + i] : 0.0f;
+    for (int i = tid; i < kTile * HC * HC; i += kFusedThreads)
+        coef[i / (HC * HC)][HC + i % (HC * HC)] =
+            i / (HC * HC) < n_rows ? comb[row0 * HC * HC + i] : 0.0f;
+    if constexpr (F::kMixPad > F::kMix) {
+        constexpr int kPad = (F::kMixPad - F::kMix) * F::kLd;
+        for (int i = tid; i < 2 * kPad; i += kFusedThreads)
+            Bs[(i / kPad) * F::kB + F::kMix * F::kLd + i % kPad] = 0.0f;
+    }
+    __syncthreads();  // coef before the first update, the zero rows before the first product
+
+    float4 hv[HC];  // h of the next chunk (token t, 4 channels, each stream)
+    uint2 ov;       // o of the next chunk, 4 bf16 as stored
+    auto load = [&](int64_t c) {
+        const int64_t d = c * kChunk + 4 * q;
+        const float* hs = h + row * width + d;
+        const __nv_bfloat16* os = o + row * d_model + d;
+        if constexpr (kVec) {
+#pragma unroll
+            for (int j = 0; j < HC; ++j) hv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ov = make_uint2(0u, 0u);
+            if (tok && d < d_model) {
+#pragma unroll
+                for (int j = 0; j < HC; ++j)
+                    hv[j] = *reinterpret_cast<const float4*>(hs + j * d_model);
+                ov = *reinterpret_cast<const uint2*>(os);
+            }
+        } else {
+            float v[HC][4];
+            uint32_t b[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool ok = tok && d + e < d_model;
+#pragma unroll
+                for (int j = 0; j < HC; ++j) v[j][e] = ok ? hs[j * d_model + e] : 0.0f;
+                b[e] = ok ? __bfloat16_as_ushort(os[e]) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < HC; ++j) hv[j] = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+            ov = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+        }
+    };
+    // The chunk's update from hv / ov: to h (valid positions), to As (all), squares into ss. The
+    // same operations in the same order as mhc_post_kernel.
+    float ss = 0.0f;
+    auto update = [&](int64_t c) {
+        const int64_t d = c * kChunk + 4 * q;
+        const float4 of = make_float4(bf16_lo(ov.x), bf16_hi(ov.x), bf16_lo(ov.y), bf16_hi(ov.y));
+        float* hd = h + row * width + d;
+#pragma unroll
+        for (int k = 0; k < HC; ++k) {
+            const float p = coef[t][k];
+            float4 s = make_float4(p * of.x, p * of.y, p * of.z, p * of.w);
+#pragma unroll
+            for (int j = 0; j < HC; ++j) {
+                const float w = coef[t][HC + j * HC + k];
+                s.x += w * hv[j].x;
+                s.y += w * hv[j].y;
+                s.z += w * hv[j].z;
+                s.w += w * hv[j].w;
+            }
+            *reinterpret_cast<float4*>(As + t * F::kLd + k * kChunk + 4 * q) = s;
+            ss += s.x * s.x;
+            ss += s.y * s.y;
+            ss += s.z * s.z;
+            ss += s.w * s.w;
+            if constexpr (kVec) {
+                if (tok && d < d_model)  // __stwb: a plain store, kept one 16-byte access
+                    __stwb(reinterpret_cast<float4*>(hd + k * d_model), s);
+            } else {
+                const float e4[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (tok && d + e < d_model) hd[k * d_model + e] = e4[e];
+            }
+        }
+    };
+    // fn of chunk c into Bs buffer `buf` (zeros past d_model).
+    auto stage = [&](int64_t c, int buf) {
+        constexpr int kQ = kChunk / 4;
+        for (int i = tid; i < F::kMix * HC * kQ; i += kFusedThreads) {
+            const int m = i / (HC * kQ), k = (i / kQ) % HC, qq = i % kQ;
+            const int64_t d = c * kChunk + 4 * qq, off = m * width + k * d_model + d;
+            const uint32_t dst = smem_u32(Bs + buf * F::kB + m * F::kLd + k * kChunk + 4 * qq);
+            if constexpr (kVec) {
+                cp_async16(dst, fn + (d < d_model ? off : 0), d < d_model);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    cp_async4_zfill(dst + 4 * e, fn + (d + e < d_model ? off + e : 0),
+                                    d + e < d_model);
+            }
+        }
+    };
+
+    // Product role: positions [warp · 4·HC, (warp + 1) · 4·HC) of each chunk; tokens tg + 8i,
+    // mixes mg + 4j.
+    const int tg = lane & 7, mg = lane >> 3;
+    float acc[4][F::kTn];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < F::kTn; ++j) acc[i][j] = 0.0f;
+
+    if (c_begin < c_end) {
+        stage(c_begin, 0);
+        load(c_begin);
+    }
+    cp_async_commit();
+    for (int64_t c = c_begin; c < c_end; ++c) {
+        const int buf = static_cast<int>(c - c_begin) & 1;
+        update(c);  // As is free: the previous product ended with a barrier
+        if (c + 1 < c_end) {
+            load(c + 1);            // in flight during the product
+            stage(c + 1, buf ^ 1);  // that buffer was last read by the previous product
+        }
+        cp_async_commit();
+        cp_async_wait<1>();  // this chunk's fn has landed (this thread's copies)
+        __syncthreads();     // … and everyone's, and As is complete
+        const float* a0 = As + tg * F::kLd + warp * 4 * HC;
+        const float* b0 = Bs + buf * F::kB + mg * F::kLd + warp * 4 * HC;
+#pragma unroll
+        for (int s = 0; s < HC; ++s) {
+            float4 a[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                a[i] = *reinterpret_cast<const float4*>(a0 + i * 8 * F::kLd + 4 * s);
+#pragma unroll
+            for (int j = 0; j < F::kTn; ++j) {
+                const float4 b = *reinterpret_cast<const float4*>(b0 + j * 4 * F::kLd + 4 * s);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    acc[i][j] += a[i].x * b.x;
+                    acc[i][j] += a[i].y * b.y;
+                    acc[i][j] += a[i].z * b.z;
+                    acc[i][j] += a[i].w * b.w;
+                }
+            }
+        }
+        __syncthreads();  // As and this Bs buffer are rewritten next
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float* const red = smem;  // fp32 [kWarps, kTile, kMixPad]: As / Bs are no longer read
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < F::kTn; ++j)
+            red[(warp * kTile + tg + 8 * i) * F::kMixPad + mg + 4 * j] = acc[i][j];
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // the 8 lanes of token t
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+    if (q == 0) tok_ss[t] = ss;
+    __syncthreads();
+    // kSite: the totals fp32 [kTile, kVals] in shared memory past red, for the site math.
+    float* const out =
+        kSite ? smem + F::kRed : part + (static_cast<int64_t>(blockIdx.y) * rows + row0) * F::kVals;
+    for (int i = tid; i < n_rows * F::kVals; i += kFusedThreads) {
+        const int r = i / F::kVals, m = i % F::kVals;
+        float v = 0.0f;
+        if (m < F::kMix) {
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) v += red[(w * kTile + r) * F::kMixPad + m];
+        } else {
+            v = tok_ss[r];
+        }
+        out[i] = v;
+    }
+    if constexpr (kSite) {
+        __syncthreads();
+        if (tid < n_rows) {  // warp 0, one token per lane, as kernel 2 of the split path
+            float pre[HC];
+            site_weights<HC, false>(out + tid * F::kVals, width, next.base, next.scale,
+                                    next.sinkhorn_iters, next.hc_eps, next.norm_eps, pre, post_out,
+                                    comb_out, row0 + tid);
+#pragma unroll
+            for (int j = 0; j < HC; ++j) part[(row0 + tid) * HC + j] = pre[j];
+        }
+    }
+}
 
 // Two floats rounded to bf16, as stored (the first in the low half).
 __device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
@@ -246,12 +499,9 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
     const dim3 grid1(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits));
     const bool vec1 = p.d_model % 4 == 0 && aligned(h, 16) && aligned(p.fn, 16) && aligned(o, 8);
     auto post_mix = [&](auto vec, auto site) {
-        const auto kernel = mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value>;
-        constexpr int smem = PostMix<HC>::kSmemBytes;
-        CPFILL_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kernel<<<grid1, kFusedThreads, smem, stream>>>(
-            post_in, comb_in, o, p, rows, sp.chunks_per_split, h, scratch, post_out, comb_out);
+        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value>
+            <<<grid1, kFusedThreads, 0, stream>>>(post_in, comb_in, o, p, rows, sp.chunks_per_split,
+                                                  h, scratch, post_out, comb_out);
     };
     if (vec1 && streaming)
         post_mix(Yes{}, Yes{});

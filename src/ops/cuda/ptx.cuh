@@ -1,6 +1,5 @@
-// PTX wrappers shared by the tensor-core kernels (attention_tc.cu, indexer.cu, mhc_post_mix.cuh):
-// asynchronous global → shared copies, ldmatrix, the bf16 mma.sync m16n8k16 and the tf32
-// m16n8k8 (with the split of an fp32 value into two tf32 parts), and a quad reduction.
+// PTX wrappers shared by the tensor-core kernels (attention_tc.cu, indexer.cu): asynchronous
+// global → shared copies, ldmatrix and the bf16 mma.sync m16n8k16, and a quad reduction.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +18,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-
-// 4-byte global → shared copy; valid == false writes a zero and reads nothing.
-__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
-    const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -52,23 +45,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                                          uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// x = hi + lo with both parts tf32 (round to nearest); |x − hi − lo| ≤ 2⁻²² |x|.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-    const float rest = x - __uint_as_float(hi);
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(rest));
-}
-
-// c[16×8] += a[16×8] · b[8×8], tf32 operands, fp32 accumulators (PTX fragment layouts).
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
