@@ -4,7 +4,10 @@
 #   scripts/gpu-check.sh            everything
 #   GPU_CHECK_CPU=0                 skip the CPU suite
 #   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments
-#   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them;
+#   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them (patterns
+#                                   match whole names, and parameterised ones start with their
+#                                   instantiation: write '*CudaMhc*', not 'CudaMhc*', or
+#                                   Shapes/CudaMhcPostPre… do not run);
 #                                   GPU_CHECK_TEST_TIMEOUT (s, default 900) stops a hung kernel
 #   GPU_CHECK_KERNELS=0             skip the kernel timings (bench/kernel_bench --kernel mhc,
 #                                   bench/fp8_gemm_bench --grouped-only) into kernels.log
