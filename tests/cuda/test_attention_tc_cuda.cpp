@@ -235,9 +235,8 @@ TEST(CudaAttentionTcWindowBuffer, RowsFromWindow0MatchCpu) {
         const std::vector<float> ref = cpu_attention(c, d);
         const int64_t w0 = c.n_tokens - 300 - (kWindow - 1);
         DeviceAttn dev(c, d);
-        cuda::DeviceBuffer tail =
+        dev.window =
             cuda::upload_bf16(d.window.data() + w0 * kHeadDim, (c.n_tokens - w0) * kHeadDim);
-        dev.window = std::move(tail);
         dev.args.window = dev.window.as<__nv_bfloat16>();
         dev.args.window0 = w0;
         ops::cuda::attention_tc(dev.args, nullptr);

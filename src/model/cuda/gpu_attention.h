@@ -28,12 +28,12 @@ struct GpuLayerKv {
     int64_t n_tokens = 0, n_entries = 0;
     int64_t window0 = 0, window_cap = 0;
 };
+using GpuKvStore = std::vector<std::vector<GpuLayerKv>>;  // [request][layer]
 
 // Rows of a request's window-key buffer: the whole request when a run is one pass (chunk_tokens
 // ≥ len), else the chunk's tokens and twice window − 1: room for the window − 1 keys kept from
 // before plus a gap of as many, so that the rows moved to the front never overlap their source.
 int64_t window_rows(int64_t len, int64_t chunk_tokens, int window);
-using GpuKvStore = std::vector<std::vector<GpuLayerKv>>;  // [request][layer]
 
 // Local rows of one sub-batch on this rank: positions on the device, and the runs of valid rows
 // of one request (pad rows belong to none).
