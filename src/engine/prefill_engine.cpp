@@ -110,6 +110,9 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "indexer rounding {} is a CPU study of a low-precision indexer; on --device cuda "
                  "the indexer's precision is --indexer (expected none)",
                  ops::indexer_rounding_name(options.indexer_rounding));
+    CPFILL_CHECK(!options.cuda || !options.bf16_residual,
+                 "a bf16 residual on the CPU is a study; the CUDA backend keeps the residual in "
+                 "fp32 (expected the study off on --device cuda)");
     if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
@@ -123,6 +126,7 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
             for (LayerWeights& L : rank.layers) {
                 L.fp8_activations = options.fp8_activations;
                 L.indexer_rounding = options.indexer_rounding;
+                L.bf16_residual = options.bf16_residual;
             }
         load_bytes_ = stats.stored_bytes;
         rank_bytes_ = ranks_.back().bytes();

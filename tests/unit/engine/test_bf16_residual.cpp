@@ -1,0 +1,82 @@
+// EngineOptions::bf16_residual: the CPU backend with the mHC residual h rounded to bf16 after the
+// embedding and after every update, as the release's reference inference keeps it, on the fp8
+// fidelity fixture (the checkpoint and requests docs/fp8.md measures the GPU's bf16 and fp8 paths
+// on). It prints how far that rounding alone moves the fp32 logits, and, with fp8 activations on
+// both sides, what it adds to the fp8 path (docs/numerics.md, "The residual in bf16"); it checks
+// that the rounding acts, at the size of bf16's.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "../io/io_test_util.h"
+#include "engine/prefill_engine.h"
+#include "fp8_fixture.h"
+#include "logits_diff.h"
+
+namespace cpfill {
+namespace {
+
+RunResult run_cpu(const std::string& dir, bool bf16_residual, bool fp8_activations) {
+    EngineOptions eo;
+    eo.threads = 2;
+    eo.bf16_residual = bf16_residual;
+    eo.fp8_activations = fp8_activations;
+    PrefillEngine engine(dir, eo);
+    RunOptions o;
+    o.all_logits = true;
+    return engine.run(test::fp8_fixture_requests(), o);
+}
+
+test::LogitsDiff print_diff(const char* what, const RunResult& got, const RunResult& ref) {
+    test::LogitsDiff d;
+    test::diff_logits(got.out.logits, ref.out.logits, &d);
+    if (d.rows == 0) return d;
+    std::printf(
+        "[ study ] %s: argmax %.4f; row errors median %.3g, p90 %.3g, max %.3g; frobenius %.3g\n",
+        what, d.argmax(), d.median(), d.p90(), d.row_err.back(), d.frobenius());
+    return d;
+}
+
+TEST(Bf16Residual, MovesTheCpuLogitsByBf16Rounding) {
+    test::TempDir dir;
+    test::write_fp8_fixture(dir.path().string());
+    const RunResult ref = run_cpu(dir.path().string(), false, false);
+    const RunResult res = run_cpu(dir.path().string(), true, false);
+    test::LogitsDiff d;
+    ASSERT_NO_FATAL_FAILURE(d = print_diff("cpu bf16 residual vs fp32", res, ref));
+    ASSERT_GT(d.rows, 0);
+    // bf16 keeps 8 bits: each rounding moves a value by at most 2^-9 of it, and h is rounded
+    // 2 · layers + 1 times. A rounding that did nothing, or one far coarser, fails here.
+    EXPECT_TRUE(d.any_differ);
+    EXPECT_GT(d.frobenius(), 1e-4);
+    EXPECT_LE(d.median(), 0.02);
+
+    // The same rounding beside fp8 activations: what it would add to the fp8 path.
+    const RunResult fp8 = run_cpu(dir.path().string(), false, true);
+    const RunResult both = run_cpu(dir.path().string(), true, true);
+    test::LogitsDiff f, b;
+    ASSERT_NO_FATAL_FAILURE(f = print_diff("cpu fp8 activations vs fp32", fp8, ref));
+    ASSERT_NO_FATAL_FAILURE(
+        b = print_diff("cpu fp8 activations + bf16 residual vs fp32", both, ref));
+    EXPECT_TRUE(b.any_differ);
+}
+
+// The rounding is a CPU study: asked of the GPU backend, a clear error before anything is loaded.
+TEST(Bf16Residual, IsRefusedOnTheGpuBackend) {
+    test::TempDir dir;
+    test::write_fp8_fixture(dir.path().string());
+    EngineOptions eo;
+    eo.cuda = true;
+    eo.bf16_residual = true;
+    try {
+        PrefillEngine engine(dir.path().string(), eo);
+        FAIL() << "expected an error";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("bf16 residual"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace cpfill
