@@ -175,8 +175,9 @@ void bench_experts(int reps) {
     }
 }
 
-// mHC pre (with the fp32 GEMM, as the runner does) and post on 8192 rows × 4 streams × 4096. Zeros
-// for h: the rate does not depend on the values (rsqrt(0 + eps) is finite).
+// mHC pre (with the fp32 GEMM, as the runner does) and post on 8192 rows × 4 streams × 4096, the
+// site boundary apart and fused, and fused with a bf16 residual. Zeros for h: the rate does not
+// depend on the values (rsqrt(0 + eps) is finite).
 void bench_mhc(int reps) {
     const int hc = 4;
     const int64_t rows = 8192, d_model = 4096, width = hc * d_model;
@@ -239,6 +240,20 @@ void bench_mhc(int reps) {
         static_cast<long long>(rows), hc, static_cast<long long>(d_model), separate_ms,
         3 * h_gb / (separate_ms * 1e-3), fused_ms, 3 * h_gb / (fused_ms * 1e-3),
         separate_ms / fused_ms);
+    // The same fused boundary with a bf16 residual (--residual bf16): half the bytes of h.
+    auto dh16 = zeros(rows * width * 2);
+    const double fused16_ms = time_ms(
+        [&] {
+            ops::cuda::mhc_post_pre(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(),
+                                    p, dw.as<float>(), 1e-6f, rows, dh16.as<__nv_bfloat16>(),
+                                    dpost2.as<float>(), dcomb2.as<float>(), dy.as<__nv_bfloat16>(),
+                                    dscratch.as<float>(), nullptr);
+        },
+        reps);
+    std::printf(
+        "mhc boundary, bf16 residual: fused %.3f ms (%.0f GB/s of h, 3 passes), %.2fx the fp32 "
+        "boundary's speed\n",
+        fused16_ms, 3 * h_gb / 2 / (fused16_ms * 1e-3), fused_ms / fused16_ms);
 }
 
 }  // namespace

@@ -126,6 +126,15 @@ void add_indexer_option(CLI::App& c, std::string& value) {
         ->capture_default_str();
 }
 
+void add_residual_option(CLI::App& c, std::string& value) {
+    c.add_option("--residual", value,
+                 "how the mHC residual streams are kept between sites: fp32, or bf16 as the "
+                 "release's reference inference keeps them (on GPUs half the bytes; "
+                 "docs/numerics.md)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
+}
+
 // "a,b,c" → items; an empty item is an error naming the option.
 std::vector<std::string> split_list(const std::string& text, const char* option) {
     std::vector<std::string> items;

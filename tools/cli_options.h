@@ -37,6 +37,10 @@ std::string error_line(const std::exception& e);
 // parse_gpu_indexer (model/weight_bytes.h).
 void add_indexer_option(CLI::App& c, std::string& value);
 
+// --residual on run, serve and bench: fp32 or bf16, parsed by parse_residual_dtype
+// (parallel/cp_prefill.h).
+void add_residual_option(CLI::App& c, std::string& value);
+
 // "a,b,c" → items (spaces around an item dropped); an empty item is an error naming the option.
 std::vector<std::string> split_list(const std::string& text, const char* option);
 // A positive integer with an optional suffix k (×1024) or M (×1024²): "8k" → 8192.

@@ -44,6 +44,7 @@ struct BenchArgs {
     int expert_streams = GpuRunOptions{}.expert_streams;
     std::string expert_gemm = "auto";
     std::string mhc_fused = "on";
+    std::string residual = "fp32";
 };
 
 TboMode tbo_mode(const std::string& s) {
@@ -107,6 +108,8 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
                        : a.expert_gemm == "streams" ? ExpertGemm::Streams
                                                     : ExpertGemm::Auto;
     base.mhc_fused = a.mhc_fused == "on";
+    base.residual = parse_residual_dtype(a.residual);
+    row.residual = a.residual;
     row.indexer = g.weight_stats().indexer_fp8 ? "fp8" : "bf16";
     auto once = [&](const GpuRunOptions& opt) {
         GpuStats st;
@@ -164,11 +167,12 @@ void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, cons
         // Without --chunk, a row whose one pass does not fit runs in chunks (GpuGroup::run picks
         // them): skipped only when chunks of kMinAutoChunk tokens do not fit either.
         const GpuIndexer indexer = parse_gpu_indexer(a.indexer);
+        const ResidualDtype residual = parse_residual_dtype(a.residual);
         GpuMemoryPlan m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false,
-                                          format, a.chunk, indexer);
+                                          format, a.chunk, indexer, residual);
         if (m.total() > free_bytes && a.chunk == 0)
             m = plan_gpu_memory(plan.cfg, row.length, 1, cp, row.tbo != "off", false, format,
-                                kMinAutoChunk, indexer);
+                                kMinAutoChunk, indexer, residual);
         if (m.total() > free_bytes)
             row.skipped = fmt::format(
                 "not enough memory: needs {:.2f} GB per GPU (weights {:.2f} + workspace {:.2f}), "
@@ -284,6 +288,7 @@ Runner add_bench_command(CLI::App& app) {
                   "pair per expert) or auto (the faster as measured: docs/fp8.md)")
         ->check(CLI::IsMember({"auto", "grouped", "streams"}))
         ->capture_default_str();
+    add_residual_option(*c, args->residual);
     c->add_option("--mhc-fused", args->mhc_fused,
                   "on: each mHC post-mix fused with the next pre-mix and norm (one op); off: apart")
         ->check(CLI::IsMember({"on", "off"}))

@@ -42,6 +42,7 @@ struct RunArgs {
     std::string device = "cpu";
     std::string weights = "auto";
     std::string indexer = "auto";
+    std::string residual = "fp32";
     std::string logits_out;
     bool all_logits = false;
     int threads = 0;
@@ -85,6 +86,7 @@ void print_json(const RunArgs& a, const PrefillEngine& engine, const RunResult& 
     j["cp"] = a.cp;
     j["tbo"] = r.out.tbo_used;
     j["chunk"] = r.out.chunk;  // tokens per chunk used (0: one pass; on GPUs maybe chosen)
+    j["residual"] = a.residual;
     j["n_tokens"] = r.n_tokens;
     j["timings"] = {{"load_s", engine.load_seconds()},
                     {"warmup_s", warmup_s},
@@ -293,6 +295,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     eo.cuda = a.device == "cuda";
     eo.weights = a.weights;
     eo.gpu.indexer = parse_gpu_indexer(a.indexer);
+    eo.residual = parse_residual_dtype(a.residual);
     if (mpi.active()) {
         eo.gpu.local_ranks = {mpi.rank()};
         eo.gpu.devices = {mpi.local_rank()};
@@ -337,7 +340,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
                    r.first_tokens[i], text);
     }
     fmt::print(
-        "load {:.3f} s, warm-up {}, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}, CP={}, TBO "
+        "load {:.3f} s, warm-up {}, TTFT {:.3f} s, {:.0f} tokens/s ({} tokens, {}{}, CP={}, TBO "
         "{})\n",
         engine.load_seconds(), a.no_warmup ? "off" : fmt::format("{:.3f} s", warmup_s),
         r.prefill_seconds, r.n_tokens / r.prefill_seconds, r.n_tokens,
@@ -345,7 +348,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
             ? fmt::format("CUDA {}, {} indexer", gpu_weight_format_name(engine.gpu_weight_format()),
                           engine.gpu_weight_stats().indexer_fp8 ? "fp8" : "bf16")
             : std::string("CPU fp32"),
-        a.cp, r.out.tbo_used ? "on" : "off");
+        a.residual == "bf16" ? ", bf16 residual" : "", a.cp, r.out.tbo_used ? "on" : "off");
     if (r.out.chunk > 0) fmt::print("in chunks of {} tokens\n", r.out.chunk);
     if (!again.empty()) fmt::print("TTFT of the repeats: {:.3f} s\n", fmt::join(again, " s, "));
     return 0;
@@ -374,6 +377,7 @@ Runner add_run_command(CLI::App& app) {
                   "(fp8 linears, fp4 experts)")
         ->capture_default_str();
     add_indexer_option(*c, args->indexer);
+    add_residual_option(*c, args->residual);
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");
     c->add_flag("--all-logits", args->all_logits, "logits of every position, not only the last");

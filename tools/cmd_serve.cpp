@@ -31,6 +31,7 @@ struct ServeArgs {
     std::string device = "cpu";
     std::string weights = "auto";
     std::string indexer = "auto";
+    std::string residual = "fp32";
     int cp = 1;
     std::string tbo = "auto";
     int threads = 0;
@@ -187,6 +188,7 @@ int serve_main(const ServeArgs& a) {
     eo.cuda = a.device == "cuda";
     eo.weights = a.weights;
     eo.gpu.indexer = parse_gpu_indexer(a.indexer);
+    eo.residual = parse_residual_dtype(a.residual);
     PrefillEngine engine(a.model, eo);
     const double warmup = warm_up(engine, opts);
     fmt::print(stderr, "serve: ready: load {:.3f} s, warm-up {:.3f} s ({}, CP={})\n",
@@ -226,6 +228,7 @@ Runner add_serve_command(CLI::App& app) {
                   "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8 or fp4")
         ->capture_default_str();
     add_indexer_option(*c, a->indexer);
+    add_residual_option(*c, a->residual);
     c->add_option("--device", a->device, "cpu, or cuda (one GPU per CP rank)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--cp", a->cp, "context-parallel ranks")->check(CLI::Range(1, 64));

@@ -83,7 +83,8 @@ double prefill_flops(const ModelConfig& c, int64_t length) {
 }
 
 std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, int cp, bool fp8,
-                                      bool fp8_indexer, const std::optional<BenchCeilings>& c) {
+                                      bool fp8_indexer, const std::optional<BenchCeilings>& c,
+                                      int residual_bytes) {
     if (!c || c->gemm_tflops <= 0 || c->hbm_gbps <= 0 ||
         ((fp8 || fp8_indexer) && c->fp8_gemm_tflops <= 0) || cp < 1)
         return std::nullopt;
@@ -99,7 +100,7 @@ std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, in
         f.compressor += (l.compressor + idx_comp) / bf16;
         f.indexer += (l.indexer_fixed - idx_comp) / lin + l.indexer_scoring / scores;
         f.moe += l.moe / lin;
-        f.other += n * 2 * 2 * cfg.hc * cfg.d_model * 4.0 / (c->hbm_gbps * 1e9);
+        f.other += n * 2 * 2 * cfg.hc * cfg.d_model * double(residual_bytes) / (c->hbm_gbps * 1e9);
     }
     for (double* v : {&f.attention, &f.indexer, &f.compressor, &f.moe, &f.other}) *v /= cp;
     return f;
@@ -213,7 +214,7 @@ void finalize_report(BenchReport& r) {
         row.layer_types = layer_type_times(r.config, row);
         // fp4 rows run their experts as fp8 GEMMs (re-encoded per layer) and their linears in fp8.
         row.floors = phase_floors(r.config, row.length, row.cp, row.weights != "bf16",
-                                  row.indexer == "fp8", r.ceilings);
+                                  row.indexer == "fp8", r.ceilings, row.residual == "bf16" ? 2 : 4);
         project(r, row);
     }
     for (BenchRow& row : r.rows) {
@@ -258,12 +259,15 @@ std::string header(const BenchReport& r) {
     for (AttnType t : r.config.layer_types) types += (types.empty() ? "" : ", ") + short_name(t);
     std::string s = fmt::format("## cpfill bench: preset {} ({} layers: {}), {} × {}\n\n", r.preset,
                                 r.config.n_layers, types, r.gpus, r.device);
+    // Every row of a run keeps the residual alike (`--residual`).
+    const std::string residual = r.rows.empty() ? "fp32" : r.rows.front().residual;
     s += fmt::format(
         "TTFT = median of {} runs after {} warm-up; one request of random token ids, random "
-        "weights (seed {}); indexer {}.\n",
+        "weights (seed {}); indexer {}; mHC residual {}.\n",
         r.repeat, r.warmup, r.seed,
         r.indexer == "auto" ? "fp8 in the fp8 / fp4 rows, bf16 in the others (auto)"
-                            : r.indexer + " in every row");
+                            : r.indexer + " in every row",
+        residual);
     if (r.ceilings) {
         const BenchCeilings& c = *r.ceilings;
         s += fmt::format(
@@ -434,6 +438,7 @@ json row_json(const BenchRow& row) {
               {"tbo", row.tbo},
               {"weights", row.weights},
               {"indexer", row.indexer},
+              {"residual", row.residual},
               {"length", row.length},
               {"skipped", row.skipped},
               {"ttft_runs_s", row.ttft_runs},
@@ -477,8 +482,9 @@ BenchRow row_from_json(const json& j) {
     BenchRow row;
     row.cp = field<int>(j, "cp");
     row.tbo = field<std::string>(j, "tbo");
-    row.weights = j.value("weights", std::string("bf16"));  // reports before --weights: bf16
-    row.indexer = j.value("indexer", std::string("bf16"));  // reports before the fp8 indexer
+    row.weights = j.value("weights", std::string("bf16"));    // reports before --weights: bf16
+    row.indexer = j.value("indexer", std::string("bf16"));    // reports before the fp8 indexer
+    row.residual = j.value("residual", std::string("fp32"));  // reports before --residual
     row.length = field<int64_t>(j, "length");
     row.skipped = field<std::string>(j, "skipped");
     row.ttft_runs = field<std::vector<double>>(j, "ttft_runs_s");

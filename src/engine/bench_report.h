@@ -65,12 +65,13 @@ struct BenchCeilings {
 // one for the linears an fp8 row may run in fp8 (attention and indexer projections, experts,
 // router), bf16 for the rest (compressor, attention core, and the indexer scores unless
 // `fp8_indexer`: then at the fp8 one) —, and for `other` (mHC
-// and norms: CUDA-core work over the fp32 residual streams) its bytes at the HBM copy rate: each of
-// a layer's two mHC sites reads and writes the hc streams once (2 · hc · d_model · 4 bytes per
-// token). Work divides over the cp ranks; collectives are not modelled (0). nullopt when a
-// ceiling it needs was not measured.
+// and norms: CUDA-core work over the residual streams) its bytes at the HBM copy rate: each of
+// a layer's two mHC sites reads and writes the hc streams once (2 · hc · d_model · residual_bytes
+// per token: 4 for an fp32 residual, 2 for bf16). Work divides over the cp ranks; collectives are
+// not modelled (0). nullopt when a ceiling it needs was not measured.
 std::optional<GpuPhases> phase_floors(const ModelConfig& cfg, int64_t length, int cp, bool fp8,
-                                      bool fp8_indexer, const std::optional<BenchCeilings>& c);
+                                      bool fp8_indexer, const std::optional<BenchCeilings>& c,
+                                      int residual_bytes = 4);
 
 struct LayerTypeTime {
     AttnType type = AttnType::Sliding;
@@ -107,6 +108,7 @@ struct BenchRow {
     std::string tbo = "off";            // as asked: off, on or auto
     std::string weights = "bf16";       // how the GPUs held the matrices: bf16, fp8 or fp4
     std::string indexer = "bf16";       // how they scored the indexer: bf16 or fp8
+    std::string residual = "fp32";      // how they kept the mHC residual: fp32 or bf16
     int64_t length = 0;                 // prompt tokens of the one request
     std::string skipped;                // why the row was not measured; empty when it was
     std::vector<double> ttft_runs;      // seconds of each timed run

@@ -110,9 +110,6 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "indexer rounding {} is a CPU study of a low-precision indexer; on --device cuda "
                  "the indexer's precision is --indexer (expected none)",
                  ops::indexer_rounding_name(options.indexer_rounding));
-    CPFILL_CHECK(!options.cuda || !options.bf16_residual,
-                 "a bf16 residual on the CPU is a study; the CUDA backend keeps the residual in "
-                 "fp32 (expected the study off on --device cuda)");
     if (options.cuda) format_ = resolve_gpu_format(options.weights, ckpt);
     LoadOptions load;
     load.threads = options.threads > 0 ? options.threads : default_thread_count();
@@ -126,7 +123,6 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
             for (LayerWeights& L : rank.layers) {
                 L.fp8_activations = options.fp8_activations;
                 L.indexer_rounding = options.indexer_rounding;
-                L.bf16_residual = options.bf16_residual;
             }
         load_bytes_ = stats.stored_bytes;
         rank_bytes_ = ranks_.back().bytes();
@@ -196,6 +192,7 @@ PrefillOutput PrefillEngine::run_cpu(const std::vector<std::vector<int32_t>>& re
     p.all_logits = opt.all_logits;
     p.record_hidden = opt.record_hidden;
     p.record_topk = opt.record_topk;
+    p.residual = options_.residual;
     p.comm = options_.comm;
     check_cpu_memory(cfg_, requests, p);
     std::vector<const ModelWeights*> views;
@@ -215,6 +212,7 @@ PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& re
     g.fail_rank = opt.fail_rank;
     g.record_kv = opt.keep_kv;
     g.expert_gemm = opt.expert_gemm;
+    g.residual = options_.residual;
     const std::vector<int>& local = options_.gpu.local_ranks;
     if (local.empty() || std::find(local.begin(), local.end(), 0) != local.end())
         check_gpu_host_logits(cfg_, requests, opt.all_logits);  // rank 0 holds them

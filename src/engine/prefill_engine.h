@@ -32,10 +32,9 @@ struct EngineOptions {
     // the lightning indexer's queries and keys to fp8, or to the release's Hadamard + fp4, before
     // it scores them (LayerWeights::indexer_rounding), to see whether its top-k selections hold.
     IndexerRounding indexer_rounding = IndexerRounding::None;
-    // CPU only, a numerics study (docs/numerics.md, "The residual in bf16"): round the mHC
-    // residual h to bf16 after the embedding and after every update (LayerWeights::bf16_residual),
-    // as the release's reference inference keeps it, to see what that rounding alone costs.
-    bool bf16_residual = false;
+    // How every run keeps the mHC residual (`--residual`, parallel/cp_prefill.h): fp32, or bf16
+    // as the release's reference does — on GPUs half its bytes, on CPU ranks the same rounding.
+    ResidualDtype residual = ResidualDtype::Fp32;
 };
 
 struct RunOptions {

@@ -68,9 +68,6 @@ struct LayerWeights {
     // stored) rounded as a low-precision indexer kernel would read them (ops/indexer_round.h;
     // EngineOptions::indexer_rounding).
     IndexerRounding indexer_rounding = IndexerRounding::None;
-    // A numerics study too: the mHC residual h rounded to bf16 after each update, as the
-    // release's own inference keeps it (EngineOptions::bf16_residual).
-    bool bf16_residual = false;
 };
 
 struct ExpertSlice {

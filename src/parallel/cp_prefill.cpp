@@ -104,15 +104,10 @@ class RankRunner final : public RankBackend {
     std::vector<float> gathered_;  // gather_rows' receive buffer
 };
 
-namespace {
-
-// The numerics study LayerWeights::bf16_residual: every value of h rounded to bf16 (to nearest
-// even).
+// PrefillOptions::residual bf16: every value of h rounded to bf16 (to nearest even).
 void round_to_bf16(std::vector<float>& h) {
     for (float& v : h) v = bf16_to_f32(f32_to_bf16(v));
 }
-
-}  // namespace
 
 void RankRunner::begin_chunk(const ChunkPlan& chunk) {
     const int64_t D = cfg_.d_model, hc = cfg_.hc;
@@ -130,7 +125,7 @@ void RankRunner::begin_chunk(const ChunkPlan& chunk) {
             for (int j = 0; j < hc; ++j)
                 std::memcpy(&s.h[(t * hc + j) * D], w_.embed.f32() + int64_t{s.rows.tokens[t]} * D,
                             D * sizeof(float));
-        if (!w_.layers.empty() && w_.layers[0].bf16_residual) round_to_bf16(s.h);
+        if (opt_.residual == ResidualDtype::Bf16) round_to_bf16(s.h);
         s.post.resize(n * hc);
         s.comb.resize(n * hc * hc);
         s.x.resize(n * D);
@@ -172,13 +167,13 @@ void RankRunner::collapse(int si, int li, Site site) {
                  dst);
 }
 
-void RankRunner::residual(int si, int li, Site site) {
+void RankRunner::residual(int si, int /*layer*/, Site site) {
     Sub& s = subs_[si];
     const float* o =
         site == Site::Attn ? s.out.data() : s.received[slot(Exchange::MoeSums)];  // [n_local, D]
     ops::mhc_post(s.post.data(), s.comb.data(), o, cfg_.hc, cfg_.d_model, s.rows.n(), s.h.data(),
                   pool_);
-    if (w_.layers[li].bf16_residual) round_to_bf16(s.h);
+    if (opt_.residual == ResidualDtype::Bf16) round_to_bf16(s.h);
 }
 
 void RankRunner::attn_pack(int si, int li) {
@@ -281,6 +276,16 @@ void RankRunner::head(int si) {
 }
 
 }  // namespace
+
+const char* residual_dtype_name(ResidualDtype d) {
+    return d == ResidualDtype::Bf16 ? "bf16" : "fp32";
+}
+
+ResidualDtype parse_residual_dtype(const std::string& name) {
+    if (name == "fp32") return ResidualDtype::Fp32;
+    if (name == "bf16") return ResidualDtype::Bf16;
+    CPFILL_FAIL("residual dtype \"{}\": expected fp32 or bf16", name);
+}
 
 bool tbo_pays(const ModelConfig& cfg, int64_t n_tokens, int cp) {
     // Each sub-batch needs at least C tokens (one per rank) and enough rows that splitting the

@@ -6,6 +6,7 @@
 // trivial collectives: it is also the single-rank reference.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -17,6 +18,15 @@ namespace cpfill {
 
 enum class TboMode { Off, On, Auto };
 
+// The mHC residual h between the sites (docs/numerics.md, "The residual in bf16"): fp32 (the
+// default: HF float32's precision) or bf16, rounded to nearest even after the embedding and after
+// every update, as the release's reference inference keeps it. The arithmetic is fp32 either way;
+// on CPU ranks bf16 is the same rounding applied to fp32 rows (the reference for the GPUs' bf16).
+enum class ResidualDtype { Fp32, Bf16 };
+const char* residual_dtype_name(ResidualDtype d);
+// "fp32" or "bf16"; anything else is an error naming what was expected.
+ResidualDtype parse_residual_dtype(const std::string& name);
+
 struct PrefillOptions {
     int cp = 1;
     TboMode tbo = TboMode::Off;
@@ -25,6 +35,7 @@ struct PrefillOptions {
     bool all_logits = false;  // logits of every position instead of each request's last
     bool record_hidden = false;  // residual streams after the embedding, each layer, final norm
     bool record_topk = false;    // indexer selections of CSA layers and the router's choices
+    ResidualDtype residual = ResidualDtype::Fp32;
     LocalCommOptions comm;
 };
 

@@ -78,6 +78,9 @@ struct GpuRunOptions {
     // mhc_post, mhc_pre and the RMSNorm apart (tests, bench --mhc-fused off).
     bool mhc_fused = true;
     int expert_streams = 4;  // ExpertGemm::Streams: CUDA streams the GEMM pairs go over (1–8)
+    // The mHC residual's storage (parallel/cp_prefill.h; ops/cuda/mhc.h): bf16 halves its bytes,
+    // in the workspace and at every site boundary.
+    ResidualDtype residual = ResidualDtype::Fp32;
 };
 
 // Seconds on rank 0's GPU, from CUDA events. Phases partition the layer loop's compute stream:
@@ -130,7 +133,8 @@ constexpr int64_t kMinAutoChunk = 1024;
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits,
                               GpuWeightFormat format = GpuWeightFormat::Bf16, int64_t chunk = 0,
-                              GpuIndexer indexer = GpuIndexer::Auto);
+                              GpuIndexer indexer = GpuIndexer::Auto,
+                              ResidualDtype residual = ResidualDtype::Fp32);
 // The `weights` part alone needs no GPU: gpu_weight_bytes (model/weight_bytes.h).
 
 // Ceilings measured on this machine (docs/performance.md): bf16 and block-scaled fp8 GEMM 8192³

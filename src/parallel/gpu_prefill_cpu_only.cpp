@@ -30,7 +30,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>&, const GpuR
     no_cuda();
 }
 GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool, GpuWeightFormat,
-                              int64_t, GpuIndexer) {
+                              int64_t, GpuIndexer, ResidualDtype) {
     no_cuda();
 }
 GpuCeilings measure_gpu_ceilings() { no_cuda(); }

@@ -4,7 +4,9 @@
 // collapse is bf16 (1e-2 of the tensor's scale); mhc_post updates the fp32 residual (1e-5).
 // mhc_post_pre (post, next pre and RMSNorm fused) against the same three GPU ops run one after
 // the other and against the CPU ops, with and without the norm, with post / comb updated in
-// place, and on unaligned pointers (the scalar kernels); shapes for each of its paths.
+// place, and on unaligned pointers (the scalar kernels); shapes for each of its paths. A bf16
+// residual (ops/cuda/mhc.h): each update is the fp32 path's on the same values, rounded (bit for
+// bit), and what follows from it matches the CPU ops with the same rounding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,6 +123,89 @@ TEST_P(CudaMhc, HeadMatchesCpu) {
     EXPECT_LE(d.rel, 1e-2) << d.str();
 }
 
+// bf16 bits of v (round to nearest even), and back.
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = f32_to_bf16(v[i]);
+    return r;
+}
+std::vector<float> widen(const std::vector<uint16_t>& v) {
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_f32(v[i]);
+    return r;
+}
+
+// A bf16 residual: the update is the fp32 kernel's on the same values, rounded once.
+TEST_P(CudaMhc, PostBf16IsTheFp32UpdateRounded) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const auto [rows, d_model, hc] = GetParam();
+    SCOPED_TRACE(testing::Message()
+                 << "rows " << rows << ", d_model " << d_model << ", hc " << hc << ", seeds 20-23");
+    auto post = random_f32(rows * hc, 20);
+    auto comb = random_f32(rows * hc * hc, 21, 0.5f);
+    auto o = random_bf16(rows * d_model, 22);
+    const std::vector<uint16_t> hb = to_bf16(random_f32(rows * hc * d_model, 23, 2.0f));
+    auto dpost = upload(post), dcomb = upload(comb), dh32 = upload(widen(hb)), dh16 = upload(hb);
+    auto dout = cuda::upload_bf16(o.data(), o.size());
+    ops::cuda::mhc_post(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(), hc, d_model,
+                        rows, dh32.as<float>(), nullptr);
+    ops::cuda::mhc_post(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(), hc, d_model,
+                        rows, dh16.as<__nv_bfloat16>(), nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> want = to_bf16(download<float>(dh32, hb.size()));
+    const std::vector<uint16_t> got = download<uint16_t>(dh16, hb.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i];
+    EXPECT_EQ(differ, 0u) << "of " << want.size() << " values";
+}
+
+// mhc_pre and mhc_head on a bf16 h (the dot products in the kernel) against the CPU on its values.
+TEST_P(CudaMhc, PreAndHeadOnBf16MatchCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const auto [rows, d_model, hc] = GetParam();
+    SCOPED_TRACE(testing::Message()
+                 << "rows " << rows << ", d_model " << d_model << ", hc " << hc << ", seeds 90-93");
+    const int n_mix = (2 + hc) * hc;
+    const int64_t width = hc * d_model;
+    MhcWeights w = make_weights(n_mix, hc, d_model, 90);
+    MhcWeights wh = make_weights(hc, hc, d_model, 92);
+    wh.scale = {0.9f};
+    const std::vector<uint16_t> hb = to_bf16(random_f32(rows * width, 93, 1.5f));
+    std::vector<float> h = widen(hb);
+
+    ops::MhcParams p{w.fn.data(), w.base.data(), w.scale.data(), hc, d_model, 20, 1e-6f, 1e-6f};
+    std::vector<float> post(rows * hc), comb(rows * hc * hc), x(rows * d_model), z(rows * d_model);
+    std::vector<float> mix(rows * n_mix), normed(rows * width);
+    ThreadPool pool(4);
+    ops::mhc_pre(p, h.data(), rows, post.data(), comb.data(), x.data(), mix.data(), normed.data(),
+                 pool);
+    ops::mhc_head(wh.fn.data(), wh.base.data(), wh.scale.data(), hc, d_model, 1e-6f, 1e-6f,
+                  h.data(), rows, z.data(), normed.data(), pool);
+
+    auto dfn = upload(w.fn), dbase = upload(w.base), dscale = upload(w.scale), dh = upload(hb);
+    auto dhfn = upload(wh.fn), dhbase = upload(wh.base), dhscale = upload(wh.scale);
+    cuda::DeviceBuffer dpost(post.size() * 4), dcomb(comb.size() * 4), dx(x.size() * 2),
+        dz(z.size() * 2);
+    CPFILL_CUDA_CHECK(cudaMemset(dpost.as<void>(), 0xff, dpost.bytes()));  // NaN if not written
+    CPFILL_CUDA_CHECK(cudaMemset(dcomb.as<void>(), 0xff, dcomb.bytes()));
+    ops::cuda::MhcDeviceParams dp{
+        dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), hc, d_model, 20, 1e-6f, 1e-6f};
+    ops::cuda::mhc_pre(dp, dh.as<__nv_bfloat16>(), rows, dpost.as<float>(), dcomb.as<float>(),
+                       dx.as<__nv_bfloat16>(), nullptr);
+    ops::cuda::mhc_head(dhfn.as<float>(), dhbase.as<float>(), dhscale.as<float>(), hc, d_model,
+                        1e-6f, 1e-6f, dh.as<__nv_bfloat16>(), rows, dz.as<__nv_bfloat16>(),
+                        nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    Diff po = print_diff("post (bf16 h)", diff(cuda::download_f32(dpost, post.size()), post));
+    Diff co = print_diff("comb (bf16 h)", diff(cuda::download_f32(dcomb, comb.size()), comb));
+    Diff xx = print_diff("x (bf16 h)", diff(cuda::download_bf16(dx, x.size()), x));
+    Diff zz = print_diff("z (bf16 h)", diff(cuda::download_bf16(dz, z.size()), z));
+    EXPECT_LE(po.max_abs, 1e-4) << "post: " << po.str();
+    EXPECT_LE(co.max_abs, 1e-4) << "comb: " << co.str();
+    EXPECT_LE(xx.rel, 1e-2) << "x: " << xx.str();
+    EXPECT_LE(zz.rel, 1e-2) << "z: " << zz.str();
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhc,
                          ::testing::Values(MhcShape{1, 1, 4}, MhcShape{1, 7, 4}, MhcShape{3, 33, 4},
                                            MhcShape{5, 4096, 4}, MhcShape{9, 7168, 4},
@@ -156,13 +241,16 @@ struct BoundaryOut {
     std::vector<float> h, post, comb, y;
 };
 
-// ops::mhc_post → ops::mhc_pre → x rounded to bf16 → ops::rmsnorm (norm) or x itself.
-BoundaryOut cpu_boundary(const Boundary& b, bool norm) {
+// ops::mhc_post (→ h rounded to bf16 with round_h: a bf16 residual) → ops::mhc_pre → x rounded to
+// bf16 → ops::rmsnorm (norm) or x itself.
+BoundaryOut cpu_boundary(const Boundary& b, bool norm, bool round_h = false) {
     const int64_t rows = b.rows, D = b.d_model, n_mix = (2 + b.hc) * b.hc;
     BoundaryOut r{b.h, std::vector<float>(rows * b.hc), std::vector<float>(rows * b.hc * b.hc),
                   std::vector<float>(rows * D)};
     ThreadPool pool(4);
     ops::mhc_post(b.post.data(), b.comb.data(), b.o.data(), b.hc, D, rows, r.h.data(), pool);
+    if (round_h)
+        for (float& v : r.h) v = bf16_to_f32(f32_to_bf16(v));
     ops::MhcParams p{
         b.next.fn.data(), b.next.base.data(), b.next.scale.data(), b.hc, D, 20, 1e-6f, 1e-6f};
     std::vector<float> x(rows * D), mix(rows * n_mix), normed(rows * b.hc * D);
@@ -190,13 +278,6 @@ cuda::DeviceBuffer upload_at(const std::vector<T>& v, size_t offset) {
     return b;
 }
 
-// bf16 bits of v (round to nearest even).
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-    std::vector<uint16_t> r(v.size());
-    for (size_t i = 0; i < v.size(); ++i) r[i] = f32_to_bf16(v[i]);
-    return r;
-}
-
 // The bytes of b outside [begin, end) are still the 0xff poison.
 void expect_guard(const cuda::DeviceBuffer& b, size_t begin, size_t end, const char* what) {
     std::vector<uint8_t> bytes(b.bytes());
@@ -207,9 +288,10 @@ void expect_guard(const cuda::DeviceBuffer& b, size_t begin, size_t end, const c
 }
 
 struct FusedOptions {
-    bool norm = true;    // norm_w given
-    bool alias = false;  // post_out == post_in, comb_out == comb_in
-    size_t offset = 0;   // elements h, o and y start into their buffers
+    bool norm = true;     // norm_w given
+    bool alias = false;   // post_out == post_in, comb_out == comb_in
+    size_t offset = 0;    // elements h, o and y start into their buffers
+    bool bf16_h = false;  // the residual in bf16 (b.h rounded to it on the way)
 };
 
 BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
@@ -217,7 +299,8 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     const size_t off = opt.offset;
     auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
     auto dpost_in = upload(b.post), dcomb_in = upload(b.comb), dw = upload(b.norm_w);
-    auto dh = upload_at(b.h, off), dout = upload_at(to_bf16(b.o), off);
+    auto dh = opt.bf16_h ? upload_at(to_bf16(b.h), off) : upload_at(b.h, off);
+    auto dout = upload_at(to_bf16(b.o), off);
     auto dy = upload_at(std::vector<uint16_t>(rows * D), off);
     CPFILL_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.bytes()));  // NaN if not written
     cuda::DeviceBuffer dpost(rows * b.hc * 4), dcomb(rows * b.hc * b.hc * 4);
@@ -230,18 +313,31 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
         dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), b.hc, D, 20, 1e-6f, 1e-6f};
     float* post_out = opt.alias ? dpost_in.as<float>() : dpost.as<float>();
     float* comb_out = opt.alias ? dcomb_in.as<float>() : dcomb.as<float>();
-    ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
-                            dout.as<__nv_bfloat16>() + off, p, opt.norm ? dw.as<float>() : nullptr,
-                            1e-6f, rows, dh.as<float>() + off, post_out, comb_out,
-                            dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    const float* norm_w = opt.norm ? dw.as<float>() : nullptr;
+    if (opt.bf16_h)
+        ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
+                                dh.as<__nv_bfloat16>() + off, post_out, comb_out,
+                                dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    else
+        ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
+                                dh.as<float>() + off, post_out, comb_out,
+                                dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     expect_guard(dscratch, 0, scratch_bytes, "scratch");
     expect_guard(dy, off * 2, (off + rows * D) * 2, "y");
-    expect_guard(dh, off * 4, (off + b.h.size()) * 4, "h");
-    auto h = download<float>(dh, off + b.h.size());
-    auto yb = download<uint16_t>(dy, off + rows * D);
+    const size_t hb = opt.bf16_h ? 2 : 4;
+    expect_guard(dh, off * hb, (off + b.h.size()) * hb, "h");
     BoundaryOut r;
-    r.h.assign(h.begin() + off, h.end());
+    if (opt.bf16_h) {
+        auto h = download<uint16_t>(dh, off + b.h.size());
+        for (size_t i = off; i < h.size(); ++i) r.h.push_back(bf16_to_f32(h[i]));
+    } else {
+        auto h = download<float>(dh, off + b.h.size());
+        r.h.assign(h.begin() + off, h.end());
+    }
+    auto yb = download<uint16_t>(dy, off + rows * D);
     for (size_t i = off; i < yb.size(); ++i) r.y.push_back(bf16_to_f32(yb[i]));
     r.post = download<float>(opt.alias ? dpost_in : dpost, rows * b.hc);
     r.comb = download<float>(opt.alias ? dcomb_in : dcomb, rows * b.hc * b.hc);
@@ -276,12 +372,15 @@ BoundaryOut gpu_separate(const Boundary& b, bool norm) {
 // post / comb: 1e-4 absolute (O(1) after sigmoid / Sinkhorn; the mixing products are fp32 summed in
 // another order than the GEMM's or the CPU's). y: 1e-2 of its scale (bf16 output, 2^-9 relative,
 // and a bf16 x whose rounding may flip by one ulp where x differs in its last fp32 bits).
-void expect_close(const BoundaryOut& got, const BoundaryOut& want, const std::string& vs) {
+// h_tol: a bf16 h against the CPU's (which sums the update in another order, then rounds) may be
+// one bf16 step off where the fp32 sum lands near a rounding boundary: 2e-3.
+void expect_close(const BoundaryOut& got, const BoundaryOut& want, const std::string& vs,
+                  double h_tol = 1e-5) {
     Diff dh = print_diff(("h vs " + vs).c_str(), diff(got.h, want.h));
     Diff dp = print_diff(("post vs " + vs).c_str(), diff(got.post, want.post));
     Diff dc = print_diff(("comb vs " + vs).c_str(), diff(got.comb, want.comb));
     Diff dy = print_diff(("y vs " + vs).c_str(), diff(got.y, want.y));
-    EXPECT_LE(dh.rel, 1e-5) << "h vs " << vs << ": " << dh.str();
+    EXPECT_LE(dh.rel, h_tol) << "h vs " << vs << ": " << dh.str();
     EXPECT_LE(dp.max_abs, 1e-4) << "post vs " << vs << ": " << dp.str();
     EXPECT_LE(dc.max_abs, 1e-4) << "comb vs " << vs << ": " << dc.str();
     EXPECT_LE(dy.rel, 1e-2) << "y vs " << vs << ": " << dy.str();
@@ -328,6 +427,32 @@ TEST_P(CudaMhcPostPre, UnalignedPointersMatchCpu) {
     expect_close(gpu_fused(b, {.offset = 1}), cpu_boundary(b, true), "CPU");
 }
 
+// A bf16 residual at a site boundary: h is the fp32 path's update rounded, bit for bit (the same
+// arithmetic on the same values), and post / comb / y follow the rounded h as the CPU ops do.
+TEST_P(CudaMhcPostPre, Bf16ResidualIsTheFp32UpdateRoundedAndMatchesCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 80));
+    Boundary b = make_boundary(GetParam(), 80);
+    for (float& v : b.h) v = bf16_to_f32(f32_to_bf16(v));  // what a bf16 h holds
+    const BoundaryOut f = gpu_fused(b, {});
+    const BoundaryOut g = gpu_fused(b, {.bf16_h = true});
+    ASSERT_EQ(f.h.size(), g.h.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < f.h.size(); ++i) differ += f32_to_bf16(f.h[i]) != f32_to_bf16(g.h[i]);
+    EXPECT_EQ(differ, 0u) << "of " << f.h.size() << " values";
+    expect_close(g, cpu_boundary(b, true, true), "CPU with a bf16 h", 2e-3);
+}
+
+// The same through the scalar kernels (pointers one element off their alignment), without norm.
+TEST_P(CudaMhcPostPre, Bf16ResidualUnalignedMatchesCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 85));
+    Boundary b = make_boundary(GetParam(), 85);
+    for (float& v : b.h) v = bf16_to_f32(f32_to_bf16(v));
+    expect_close(gpu_fused(b, {.norm = false, .offset = 1, .bf16_h = true}),
+                 cpu_boundary(b, false, true), "CPU with a bf16 h", 2e-3);
+}
+
 // The shapes of CudaMhc, and some with enough rows (≥ 4225) that each tile is one block over all of
 // d_model (fewer rows split d_model over up to 8 blocks; d_model ≤ 32 is one chunk, never split).
 // Paths (mhc_fused.cu): d_model split (3 × 33, 5 × 4096, 9 × 7168, 37 × 300, 130 × 512, 6 × 129,
@@ -350,8 +475,12 @@ TEST(CudaMhcPostPreEdge, ZeroRowsLaunchesNothing) {
     CPFILL_SKIP_WITHOUT_GPU();
     EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(4, 4096, 0), 0);
     ops::cuda::MhcDeviceParams p{nullptr, nullptr, nullptr, 4, 4096, 20, 1e-6f, 1e-6f};
-    ops::cuda::mhc_post_pre(nullptr, nullptr, nullptr, p, nullptr, 1e-6f, 0, nullptr, nullptr,
-                            nullptr, nullptr, nullptr, nullptr);
+    ops::cuda::mhc_post_pre(nullptr, nullptr, nullptr, p, nullptr, 1e-6f, 0,
+                            static_cast<float*>(nullptr), nullptr, nullptr, nullptr, nullptr,
+                            nullptr);
+    ops::cuda::mhc_post_pre(nullptr, nullptr, nullptr, p, nullptr, 1e-6f, 0,
+                            static_cast<__nv_bfloat16*>(nullptr), nullptr, nullptr, nullptr,
+                            nullptr, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

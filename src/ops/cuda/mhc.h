@@ -1,10 +1,13 @@
 // mHC on the GPU (docs/architecture.md §3.3, §3.9): the same three steps as ops/mhc.h, fp32 math
 // throughout (docs/design.md §3).
 //
-// The residual state h stays fp32 on the GPU: [rows, hc, d_model], stream-major per token. It is
-// summed into 61 times per stream (Pro) through Sinkhorn mixes; bf16 would round every update to
-// 8 bits of mantissa, fp32 keeps it at the CPU reference's precision for 4·d_model·4 bytes per
-// token. Sub-block inputs (x, z) and outputs (o) are bf16, like every other activation.
+// The residual state h: [rows, hc, d_model], stream-major per token, fp32 or bf16 — each op that
+// reads or writes it has an overload for each. fp32 (the default, GpuRunOptions::residual) keeps
+// it at the CPU reference's precision for 4·d_model·4 bytes per token; bf16, as the release's
+// reference inference keeps it, halves those bytes and rounds h (to nearest even) at every update
+// (docs/numerics.md, "The residual in bf16": 0.3% of the logits on the fidelity fixture). All
+// arithmetic is fp32 either way. Sub-block inputs (x, z) and outputs (o) are bf16, like every
+// other activation.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,11 +40,18 @@ struct MhcDeviceParams {
 // stop 18, kept alive only by its test. mhc_head still does its hc products so.)
 void mhc_pre(const MhcDeviceParams& p, const float* h, int64_t rows, float* post, float* comb,
              __nv_bfloat16* x, GemmContext& gemm, float* mixes, cudaStream_t stream);
+// bf16 h: the same, the dot products in the kernel itself (cuBLASLt multiplies no bf16 by fp32):
+// fn is read from L2 once per 4 tokens. The engine calls it once per chunk (the first site; the
+// others are mhc_post_pre), or at every site with GpuRunOptions::mhc_fused off.
+void mhc_pre(const MhcDeviceParams& p, const __nv_bfloat16* h, int64_t rows, float* post,
+             float* comb, __nv_bfloat16* x, cudaStream_t stream);
 
 // h[t, k] ← post_k · o[t] + Σ_j comb[j, k] · h[t, j], in place. post fp32 [rows, hc], comb fp32
 // [rows, hc, hc], o bf16 [rows, d_model], h fp32 [rows, hc, d_model].
 void mhc_post(const float* post, const float* comb, const __nv_bfloat16* o, int hc, int64_t d_model,
               int64_t rows, float* h, cudaStream_t stream);
+void mhc_post(const float* post, const float* comb, const __nv_bfloat16* o, int hc, int64_t d_model,
+              int64_t rows, __nv_bfloat16* h, cudaStream_t stream);
 
 // Bytes of the fp32 scratch that mhc_post_pre needs for any call of at most `rows` tokens: per
 // token and per slice of d_model, the (2 + hc)·hc mixing dot products and the sum of squares. The
@@ -59,15 +69,24 @@ int64_t mhc_post_pre_scratch_bytes(int hc, int64_t d_model, int64_t rows);
 // [d_model] or null, y bf16 [rows, d_model], scratch: mhc_post_pre_scratch_bytes. post_out /
 // comb_out may alias post_in / comb_in, and y may alias o. The mixing products are fp32 on CUDA
 // cores (no TF32), summed in another order than mhc_pre's GEMM: post / comb agree to ~1e-6.
+// bf16 h: each updated value is rounded to bf16 as it is stored, and the next site's products,
+// its sum of squares and the collapse are taken from the rounded values (what mhc_pre would read).
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
                   cudaStream_t stream);
+void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                  const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
+                  __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
+                  float* scratch, cudaStream_t stream);
 
 // Final head collapse: z[t] = Σ_j (sigmoid(scale · (fn · rmsnorm(h[t]))_j + base_j) + hc_eps) h[t,
 // j]. fn fp32 [hc, hc · d_model], base fp32 [hc], scale fp32 [1] (device); z bf16 [rows, d_model].
 void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,
               float hc_eps, float norm_eps, const float* h, int64_t rows, __nv_bfloat16* z,
+              cudaStream_t stream);
+void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,
+              float hc_eps, float norm_eps, const __nv_bfloat16* h, int64_t rows, __nv_bfloat16* z,
               cudaStream_t stream);
 
 }  // namespace cpfill::ops::cuda

@@ -1,9 +1,11 @@
 // Device helpers shared by the mHC kernels (mhc.cu: mhc_pre, mhc_post, mhc_head; mhc_fused.cu:
 // mhc_post_pre): block shape, the per-token site math (sigmoid, Sinkhorn) of docs/architecture.md
-// §3.3, and the hc dispatch. Included by those two files only; everything is internal to each.
+// §3.3, the residual's loads and stores (fp32 or bf16) and the hc dispatch. Included by those two
+// files only; everything is internal to each.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -100,13 +102,59 @@ __device__ __forceinline__ float4 combine4(const float4 (&a)[HC], const float* p
     return s;
 }
 
-// Σ_j pre[j] · h[t, j, 4d … 4d+3] (float4 loads; d4 = d_model / 4): four channels of a collapse.
-template <int HC>
-__device__ __forceinline__ float4 collapse4(const float4* ht4, int64_t d4, int64_t d,
+// The residual h is fp32 or bf16 (mhc.h); the kernels are templates over its element type H and
+// compute in fp32. Four consecutive values as fp32 (one 16- or 8-byte load: 4 · sizeof(H)-byte
+// aligned), the same stored (the values must be what H holds: h_round4 first), one value, and a
+// value rounded to what H holds (to nearest even; fp32: itself).
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+// Two floats rounded to bf16, as stored (the first in the low half).
+__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float4 bf16x4_float4(uint2 v) {
+    return make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+}
+
+__device__ __forceinline__ float4 h_load4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 h_load4(const __nv_bfloat16* p) {
+    return bf16x4_float4(*reinterpret_cast<const uint2*>(p));
+}
+__device__ __forceinline__ void h_store4(float* p, float4 v) {
+    __stwb(reinterpret_cast<float4*>(p), v);  // a plain store, kept one 16-byte access
+}
+__device__ __forceinline__ void h_store4(__nv_bfloat16* p, float4 v) {
+    __stwb(reinterpret_cast<uint2*>(p), make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w)));
+}
+__device__ __forceinline__ float h_get(const float* p) { return *p; }
+__device__ __forceinline__ float h_get(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void h_put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void h_put(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+
+template <class H>
+__device__ __forceinline__ float h_round(float v) {
+    if constexpr (std::is_same_v<H, float>)
+        return v;
+    else
+        return __bfloat162float(__float2bfloat16(v));
+}
+template <class H>
+__device__ __forceinline__ float4 h_round4(float4 v) {
+    return make_float4(h_round<H>(v.x), h_round<H>(v.y), h_round<H>(v.z), h_round<H>(v.w));
+}
+
+// Σ_j pre[j] · h[t, j, 4d … 4d+3] (ht = h[t]; vector loads): four channels of a collapse.
+template <int HC, class H>
+__device__ __forceinline__ float4 collapse4(const H* ht, int64_t d_model, int64_t d,
                                             const float* pre) {
     float4 a[HC];
 #pragma unroll
-    for (int j = 0; j < HC; ++j) a[j] = ht4[j * d4 + d];
+    for (int j = 0; j < HC; ++j) a[j] = h_load4(ht + j * d_model + 4 * d);
     return combine4<HC>(a, pre);
 }
 

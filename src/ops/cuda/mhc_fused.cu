@@ -15,6 +15,9 @@
 //   squares (scratch [splits, rows, kVals]). One slice (splits == 1, the case at long lengths)
 //   with vector access for kernel 2: those are the token's totals, so warp 0 runs the site math of
 //   mhc_pre itself (one lane per token) → post_out, comb_out, and pre → scratch [rows, hc].
+// Every kernel is a template over the residual's element type (fp32 or bf16, mhc.h): the loads
+// and stores of h are 4 · sizeof(H) bytes, a bf16 h is rounded as kernel 1 stores it, and what
+// kernel 1 multiplies and squares are the rounded values; the arithmetic is fp32 either way.
 // Kernel 2 then, by path:
 //   one slice, vector access: mhc_collapse_norm_kernel, pure streaming. One token per block; reads
 //   pre and h (16-byte loads, ≥ 8 in flight per thread, the bf16 collapse kept in registers), sums
@@ -65,20 +68,19 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, b
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
 // Kernel 1: h ← post · o + combᵀ · h for kTile tokens × one slice of d_model, and per token the
 // slice's (2 + HC)·HC products with `next`'s fn and Σ h² → part fp32 [splits, rows, kVals].
 // kSite (one slice, splits == 1): the block's sums are the tokens' totals; it runs the site math of
 // `next` itself → post_out, comb_out, and pre → part fp32 [rows, HC] instead (post_out / comb_out
 // may alias post / comb: the block read its own rows of those at its start).
-// kVec: float4 h / fn, 8-byte o (d_model % 4 == 0, aligned pointers), else scalar.
-template <int HC, bool kVec, bool kSite>
+// kVec: 4-value h, float4 fn, 8-byte o (d_model % 4 == 0, aligned pointers), else scalar.
+// H: the residual's element type; a bf16 h is rounded as it is stored, and the products and
+// squares are taken from the rounded values.
+template <int HC, bool kVec, bool kSite, class H>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     mhc_post_mix_kernel(const float* post, const float* comb, const __nv_bfloat16* o,
-                        const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split,
-                        float* h, float* part, float* post_out, float* comb_out) {
+                        const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split, H* h,
+                        float* part, float* post_out, float* comb_out) {
     using F = Fused<HC>;
     const float* const fn = next.fn;
     const int64_t d_model = next.d_model;
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     uint2 ov;       // o of the next chunk, 4 bf16 as stored
     auto load = [&](int64_t c) {
         const int64_t d = c * kChunk + 4 * q;
-        const float* hs = h + row * width + d;
+        const H* hs = h + row * width + d;
         const __nv_bfloat16* os = o + row * d_model + d;
         if constexpr (kVec) {
 #pragma unroll
@@ -125,8 +127,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
             ov = make_uint2(0u, 0u);
             if (tok && d < d_model) {
 #pragma unroll
-                for (int j = 0; j < HC; ++j)
-                    hv[j] = *reinterpret_cast<const float4*>(hs + j * d_model);
+                for (int j = 0; j < HC; ++j) hv[j] = h_load4(hs + j * d_model);
                 ov = *reinterpret_cast<const uint2*>(os);
             }
         } else {
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
             for (int e = 0; e < 4; ++e) {
                 const bool ok = tok && d + e < d_model;
 #pragma unroll
-                for (int j = 0; j < HC; ++j) v[j][e] = ok ? hs[j * d_model + e] : 0.0f;
+                for (int j = 0; j < HC; ++j) v[j][e] = ok ? h_get(hs + j * d_model + e) : 0.0f;
                 b[e] = ok ? __bfloat16_as_ushort(os[e]) : 0u;
             }
 #pragma unroll
@@ -145,12 +146,12 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
         }
     };
     // The chunk's update from hv / ov: to h (valid positions), to As (all), squares into ss. The
-    // same operations in the same order as mhc_post_kernel.
+    // same operations in the same order as mhc_post_kernel; rounded to H before any use.
     float ss = 0.0f;
     auto update = [&](int64_t c) {
         const int64_t d = c * kChunk + 4 * q;
         const float4 of = make_float4(bf16_lo(ov.x), bf16_hi(ov.x), bf16_lo(ov.y), bf16_hi(ov.y));
-        float* hd = h + row * width + d;
+        H* hd = h + row * width + d;
 #pragma unroll
         for (int k = 0; k < HC; ++k) {
             const float p = coef[t][k];
@@ -163,19 +164,19 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
                 s.z += w * hv[j].z;
                 s.w += w * hv[j].w;
             }
+            s = h_round4<H>(s);
             *reinterpret_cast<float4*>(As + t * F::kLd + k * kChunk + 4 * q) = s;
             ss += s.x * s.x;
             ss += s.y * s.y;
             ss += s.z * s.z;
             ss += s.w * s.w;
             if constexpr (kVec) {
-                if (tok && d < d_model)  // __stwb: a plain store, kept one 16-byte access
-                    __stwb(reinterpret_cast<float4*>(hd + k * d_model), s);
+                if (tok && d < d_model) h_store4(hd + k * d_model, s);
             } else {
                 const float e4[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    if (tok && d + e < d_model) hd[k * d_model + e] = e4[e];
+                    if (tok && d + e < d_model) h_put(hd + k * d_model + e, e4[e]);
             }
         }
     };
@@ -284,12 +285,6 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     }
 }
 
-// Two floats rounded to bf16, as stored (the first in the low half).
-__device__ __forceinline__ uint32_t bf16x2_bits(float a, float b) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Four bf16 of the collapse v (as stored) normed: bf16(w · (x · inv)), as rmsnorm_kernel (norm.cu)
 // computes each; shared by both second kernels.
 __device__ __forceinline__ uint2 norm_bf16x4(uint2 v, float4 w, float inv) {
@@ -299,13 +294,13 @@ __device__ __forceinline__ uint2 norm_bf16x4(uint2 v, float4 w, float inv) {
 
 // Kernel 2: per token, the slices' sums from part fp32 [splits, rows, kVals] → post, comb (site
 // math of mhc_pre) and the collapse x = Σ_j pre_j · h[j] → y bf16; with kNorm, y ← rmsnorm(y) ·
-// norm_w as rmsnorm_kernel (norm.cu) computes it. kVec: float4 h / norm_w, 8-byte y.
-template <int HC, bool kVec, bool kNorm>
+// norm_w as rmsnorm_kernel (norm.cu) computes it. kVec: 4-value h, float4 norm_w, 8-byte y.
+template <int HC, bool kVec, bool kNorm, class H>
 __global__ void __launch_bounds__(kThreads)
     mhc_pre_norm_kernel(const float* part, int64_t splits, const float* base, const float* scale,
                         int64_t d_model, int64_t rows, int sinkhorn_iters, float hc_eps,
-                        float norm_eps, const float* h, const float* norm_w, float rms_eps,
-                        float* post, float* comb, __nv_bfloat16* y) {
+                        float norm_eps, const H* h, const float* norm_w, float rms_eps, float* post,
+                        float* comb, __nv_bfloat16* y) {
     constexpr int kVals = (2 + HC) * HC + 1;
     const int64_t width = HC * d_model;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -333,13 +328,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
         if (r >= n_rows) break;
-        const float* ht = h + (row0 + r) * width;
+        const H* ht = h + (row0 + r) * width;
         __nv_bfloat16* yt = y + (row0 + r) * d_model;
         if constexpr (kVec) {
-            const float4* ht4 = reinterpret_cast<const float4*>(ht);
             const int64_t d4 = d_model / 4;
             for (int64_t d = threadIdx.x; d < d4; d += kThreads) {
-                const float4 s = collapse4<HC>(ht4, d4, d, pre[r]);
+                const float4 s = collapse4<HC>(ht, d_model, d, pre[r]);
                 const uint2 v = make_uint2(bf16x2_bits(s.x, s.y), bf16x2_bits(s.z, s.w));
                 __stwb(reinterpret_cast<uint2*>(yt) + d, v);
                 sq(ss[r], bf16_lo(v.x));
@@ -351,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int64_t d = threadIdx.x; d < d_model; d += kThreads) {
                 float s = 0.0f;
 #pragma unroll
-                for (int j = 0; j < HC; ++j) s += pre[r][j] * ht[j * d_model + d];
+                for (int j = 0; j < HC; ++j) s += pre[r][j] * h_get(ht + j * d_model + d);
                 const __nv_bfloat16 v = __float2bfloat16(s);
                 yt[d] = v;
                 sq(ss[r], __bfloat162float(v));
@@ -394,25 +388,38 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Kernel 2 of the one-slice path, pure streaming: block t is token t, pre [HC] from kernel 1 (part
-// fp32 [rows, HC]). Thread i owns the float4 groups i + g · blockDim.x (g < kStreamGroups) of
-// d_model, taken kBatch groups at a time: the batch's HC · kBatch 16-byte loads of h (≥ 8;
-// evict-first, h is not read again soon, norm_w stays cached) are issued together, then combined as
-// mhc_pre_norm_kernel does (combine4) and kept in registers as the bf16 collapse; its squares are
-// summed. A warp shuffle and one barrier give the token's Σ, and y is written once (8-byte stores):
-// bf16(w · (x · inv)) with kNorm, else x. No store before the last load, so the compiler may also
-// run batches ahead. Needs d_model % 4 == 0, d_model ≤ kStreamMaxD, 16-byte h / norm_w, 8-byte y.
+// fp32 [rows, HC]). Thread i owns the 4-channel groups i + g · blockDim.x (g < kStreamGroups) of
+// d_model, taken kBatch groups at a time: the batch's HC · kBatch loads of h (≥ 8 of 16 bytes for
+// fp32, ≥ 16 of 8 bytes for bf16: the same bytes in flight; evict-first, h is not read again soon,
+// norm_w stays cached) are issued together, then combined as mhc_pre_norm_kernel does (combine4)
+// and kept in registers as the bf16 collapse; its squares are summed. A warp shuffle and one
+// barrier give the token's Σ, and y is written once (8-byte stores): bf16(w · (x · inv)) with
+// kNorm, else x. No store before the last load, so the compiler may also run batches ahead. Needs
+// d_model % 4 == 0, d_model ≤ kStreamMaxD, 4 · sizeof(H)-byte h, 16-byte norm_w, 8-byte y.
 constexpr int kStreamThreads = 256;  // most threads per block (fewer when d_model < 1024)
 constexpr int kStreamGroups = 8;     // most float4 groups of each stream per thread
 constexpr int64_t kStreamMaxD = 4 * kStreamGroups * kStreamThreads;
 
-template <int HC, bool kNorm>
+// A group of 4 values of h as loaded by the streaming kernel (evict-first), and as fp32.
+__device__ __forceinline__ float4 h_ldcs4(const float* p) {
+    return __ldcs(reinterpret_cast<const float4*>(p));
+}
+__device__ __forceinline__ uint2 h_ldcs4(const __nv_bfloat16* p) {
+    return __ldcs(reinterpret_cast<const uint2*>(p));
+}
+__device__ __forceinline__ float4 unpack4(float4 v) { return v; }
+__device__ __forceinline__ float4 unpack4(uint2 v) { return bf16x4_float4(v); }
+
+template <int HC, bool kNorm, class H>
 __global__ void __launch_bounds__(kStreamThreads, 4)
-    mhc_collapse_norm_kernel(const float* pre_in, const float* h, int64_t d_model,
-                             const float* norm_w, float rms_eps, __nv_bfloat16* y) {
-    constexpr int kBatch = (8 + HC - 1) / HC;  // groups whose loads are in flight together
+    mhc_collapse_norm_kernel(const float* pre_in, const H* h, int64_t d_model, const float* norm_w,
+                             float rms_eps, __nv_bfloat16* y) {
+    // Groups whose loads are in flight together: 8 loads of 16 bytes, or 16 of 8.
+    constexpr int kBatch = (32 / static_cast<int>(sizeof(H)) + HC - 1) / HC;
+    using Raw = decltype(h_ldcs4(static_cast<const H*>(nullptr)));
     const int64_t t = blockIdx.x;
     const int d4 = static_cast<int>(d_model / 4), tid = threadIdx.x, nt = blockDim.x;
-    const float4* const ht4 = reinterpret_cast<const float4*>(h + t * HC * d_model);
+    const H* const ht = h + t * HC * d_model;
     float pre[HC];
 #pragma unroll
     for (int j = 0; j < HC; ++j) pre[j] = pre_in[t * HC + j];
@@ -421,20 +428,23 @@ __global__ void __launch_bounds__(kStreamThreads, 4)
     float ss = 0.0f;         // Σ bf16(x)² over them
 #pragma unroll
     for (int g0 = 0; g0 < kStreamGroups; g0 += kBatch) {
-        float4 a[kBatch][HC];
+        Raw a[kBatch][HC];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             const int g = g0 + b, d = tid + g * nt;
             if (g < kStreamGroups && d < d4) {
 #pragma unroll
-                for (int j = 0; j < HC; ++j) a[b][j] = __ldcs(ht4 + j * d4 + d);
+                for (int j = 0; j < HC; ++j) a[b][j] = h_ldcs4(ht + j * d_model + 4 * d);
             }
         }
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             const int g = g0 + b, d = tid + g * nt;
             if (g < kStreamGroups && d < d4) {
-                const float4 s = combine4<HC>(a[b], pre);
+                float4 f[HC];
+#pragma unroll
+                for (int j = 0; j < HC; ++j) f[j] = unpack4(a[b][j]);
+                const float4 s = combine4<HC>(f, pre);
                 x[g] = make_uint2(bf16x2_bits(s.x, s.y), bf16x2_bits(s.z, s.w));
                 ss += bf16_lo(x[g].x) * bf16_lo(x[g].x);
                 ss += bf16_hi(x[g].x) * bf16_hi(x[g].x);
@@ -483,23 +493,24 @@ FusedSplit fused_split(int64_t rows, int64_t d_model) {
     return {tiles, (chunks + per - 1) / per, per};
 }
 
-template <int HC>
+template <int HC, class H>
 void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                      const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
-                     float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
+                     H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
                      cudaStream_t stream) {
     using Yes = std::true_type;
     using No = std::false_type;
     const FusedSplit sp = fused_split(rows, p.d_model);
-    const bool vec2 = p.d_model % 4 == 0 && aligned(h, 16) && aligned(y, 8) &&
+    const bool vec2 = p.d_model % 4 == 0 && aligned(h, 4 * sizeof(H)) && aligned(y, 8) &&
                       (norm_w == nullptr || aligned(norm_w, 16));
     // One slice and vector access: kernel 1 runs the site math, kernel 2 only streams.
     const bool streaming = sp.splits == 1 && vec2 && p.d_model <= kStreamMaxD;
 
     const dim3 grid1(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits));
-    const bool vec1 = p.d_model % 4 == 0 && aligned(h, 16) && aligned(p.fn, 16) && aligned(o, 8);
+    const bool vec1 =
+        p.d_model % 4 == 0 && aligned(h, 4 * sizeof(H)) && aligned(p.fn, 16) && aligned(o, 8);
     auto post_mix = [&](auto vec, auto site) {
-        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value>
+        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value, H>
             <<<grid1, kFusedThreads, 0, stream>>>(post_in, comb_in, o, p, rows, sp.chunks_per_split,
                                                   h, scratch, post_out, comb_out);
     };
@@ -519,16 +530,16 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
             d4 >= kStreamThreads ? kStreamThreads : static_cast<int>((d4 + 31) / 32 * 32);
         const unsigned blocks = static_cast<unsigned>(rows);
         if (norm_w)
-            mhc_collapse_norm_kernel<HC, true>
+            mhc_collapse_norm_kernel<HC, true, H>
                 <<<blocks, threads, 0, stream>>>(scratch, h, p.d_model, norm_w, norm_eps, y);
         else
-            mhc_collapse_norm_kernel<HC, false>
+            mhc_collapse_norm_kernel<HC, false, H>
                 <<<blocks, threads, 0, stream>>>(scratch, h, p.d_model, norm_w, norm_eps, y);
         return;
     }
     const unsigned blocks2 = static_cast<unsigned>((rows + kRows - 1) / kRows);
     auto collapse = [&](auto vec, auto norm) {
-        mhc_pre_norm_kernel<HC, decltype(vec)::value, decltype(norm)::value>
+        mhc_pre_norm_kernel<HC, decltype(vec)::value, decltype(norm)::value, H>
             <<<blocks2, kThreads, 0, stream>>>(scratch, sp.splits, p.base, p.scale, p.d_model, rows,
                                                p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, norm_w,
                                                norm_eps, post_out, comb_out, y);
@@ -557,10 +568,13 @@ int64_t mhc_post_pre_scratch_bytes(int hc, int64_t d_model, int64_t rows) {
     return most * n_vals * int64_t{sizeof(float)};
 }
 
-void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
-                  const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
-                  float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                  cudaStream_t stream) {
+namespace {
+
+template <class H>
+void post_pre_impl(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
+                   H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
+                   cudaStream_t stream) {
     if (rows == 0) return;
     CPFILL_CHECK(next.sinkhorn_iters >= 1, "mhc_post_pre: hc_sinkhorn_iters must be ≥ 1, found {}",
                  next.sinkhorn_iters);
@@ -570,6 +584,24 @@ void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat1
                                              post_out, comb_out, y, scratch, stream);
     });
     CPFILL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                  const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
+                  float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
+                  cudaStream_t stream) {
+    post_pre_impl(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out, y,
+                  scratch, stream);
+}
+
+void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                  const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
+                  __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
+                  float* scratch, cudaStream_t stream) {
+    post_pre_impl(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out, y,
+                  scratch, stream);
 }
 
 }  // namespace cpfill::ops::cuda

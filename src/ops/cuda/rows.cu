@@ -1,4 +1,6 @@
 // Row plumbing kernels (see rows.h).
+#include <type_traits>
+
 #include "ops/cuda/rows.h"
 #include "runtime/cuda/cuda_check.h"
 
@@ -12,14 +14,20 @@ int blocks_for(int64_t n) {
     return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 20));
 }
 
+template <class H>
 __global__ void embed_kernel(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n,
-                             int64_t d, int hc, float* h) {
+                             int64_t d, int hc, H* h) {
     const int64_t total = n * d;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
          i += int64_t{gridDim.x} * blockDim.x) {
         const int64_t t = i / d, c = i % d;
-        const float v = __bfloat162float(embed[int64_t{tokens[t]} * d + c]);
-        for (int j = 0; j < hc; ++j) h[(t * hc + j) * d + c] = v;
+        const __nv_bfloat16 e = embed[int64_t{tokens[t]} * d + c];
+        for (int j = 0; j < hc; ++j) {
+            if constexpr (std::is_same_v<H, float>)
+                h[(t * hc + j) * d + c] = __bfloat162float(e);
+            else
+                h[(t * hc + j) * d + c] = e;
+        }
     }
 }
 
@@ -67,6 +75,14 @@ void rerange_rows(const void* in, int cp, int64_t n_local, int64_t row_bytes, in
 
 void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
                    int hc, float* h, cudaStream_t stream) {
+    if (n == 0) return;
+    embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
+                                                                   h);
+    CPFILL_CUDA_CHECK(cudaGetLastError());
+}
+
+void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
+                   int hc, __nv_bfloat16* h, cudaStream_t stream) {
     if (n == 0) return;
     embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
                                                                    h);

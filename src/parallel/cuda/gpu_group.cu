@@ -550,7 +550,7 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
 
 GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_requests, int cp,
                               bool tbo, bool all_logits, GpuWeightFormat format, int64_t chunk,
-                              GpuIndexer indexer) {
+                              GpuIndexer indexer, ResidualDtype residual) {
     CPFILL_CHECK(n_requests >= 1 && n_tokens >= n_requests, "plan: {} tokens in {} requests",
                  n_tokens, n_requests);
     std::vector<std::vector<int32_t>> reqs(n_requests);
@@ -559,6 +559,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
     GpuRunOptions opt;
     opt.tbo = tbo ? TboMode::On : TboMode::Off;
     opt.all_logits = all_logits;
+    opt.residual = residual;
     const RunPlan plan = make_run_plan(reqs, cfg, cp, opt.tbo, chunk, gpu_tbo_rule);
     const ExpertSlice widest = widest_slice(cfg.moe_dim, cp);
     const int64_t width = slice_width(cfg.moe_dim, widest);

@@ -160,6 +160,11 @@ class Runner final : public RankBackend {
     }
     void record_rows(SubState& s, const void* local, int64_t width, size_t elem, Tensor* dst,
                      bool widen_bf16);
+    // The residual h of the local rows (fp32, or bf16 widened) into dst [T, hc, d_model].
+    void record_residual(SubState& s, Tensor* dst) {
+        record_rows(s, s.h.data, int64_t{cfg_.hc} * cfg_.d_model, s.h.elem_bytes(), dst,
+                    s.h.is_bf16);
+    }
     void record_kv_tails(SubState& s, int li, const bf16* stage);
     void record_routes(SubState& s, int li);
     void download_kv();
@@ -242,7 +247,9 @@ void Runner::begin_chunk(const ChunkPlan& chunk) {
             else
                 segs.back().end = t + 1;
         }
-        oc::embed_streams(W_.embed.as<bf16>(), s.tokens_local, s.n, D, cfg_.hc, s.h, st);
+        s.h.visit([&](auto* h) {
+            oc::embed_streams(W_.embed.as<bf16>(), s.tokens_local, s.n, D, cfg_.hc, h, st);
+        });
     }
 }
 
@@ -291,7 +298,12 @@ void Runner::collapse(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
     const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
-    oc::mhc_pre(io.mhc, s.h, s.n, io.post, io.comb, ws_.x, *dev_.gemm, ws_.mixes, dev_.compute);
+    if (s.h.is_bf16)  // the dot products in the kernel (no cuBLASLt GEMM takes bf16 by fp32)
+        oc::mhc_pre(io.mhc, static_cast<const bf16*>(s.h.data), s.n, io.post, io.comb, ws_.x,
+                    dev_.compute);
+    else
+        oc::mhc_pre(io.mhc, static_cast<const float*>(s.h.data), s.n, io.post, io.comb, ws_.x,
+                    *dev_.gemm, ws_.mixes, dev_.compute);
     oc::rmsnorm(ws_.x, s.n, cfg_.d_model, io.norm, float(cfg_.norm_eps), io.collapse_to,
                 dev_.compute);
 }
@@ -300,7 +312,9 @@ void Runner::residual(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
     const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
-    oc::mhc_post(io.post, io.comb, io.block_out, cfg_.hc, cfg_.d_model, s.n, s.h, dev_.compute);
+    s.h.visit([&](auto* h) {
+        oc::mhc_post(io.post, io.comb, io.block_out, cfg_.hc, cfg_.d_model, s.n, h, dev_.compute);
+    });
 }
 
 // One pass where the site `from` of `layer` hands the residual to the site `to` of `next_layer`:
@@ -313,8 +327,10 @@ void Runner::residual_collapse(int si, int layer, Site from, int next_layer, Sit
     SubState& s = ws_.subs[si];
     const SiteIo a = site_io(s, W_.layers[layer], from), b = site_io(s, W_.layers[next_layer], to);
     ctx_.phase(Phase::Other);
-    oc::mhc_post_pre(a.post, a.comb, a.block_out, b.mhc, b.norm, float(cfg_.norm_eps), s.n, s.h,
-                     b.post, b.comb, b.collapse_to, ws_.mixes, dev_.compute);
+    s.h.visit([&](auto* h) {
+        oc::mhc_post_pre(a.post, a.comb, a.block_out, b.mhc, b.norm, float(cfg_.norm_eps), s.n, h,
+                         b.post, b.comb, b.collapse_to, ws_.mixes, dev_.compute);
+    });
 }
 
 void Runner::attn_pack(int si, int li) {
@@ -407,15 +423,11 @@ void Runner::record_routes(SubState& s, int li) {
 }
 
 void Runner::embedded(int si) {
-    if (opt_.record_hidden)
-        record_rows(ws_.subs[si], ws_.subs[si].h, int64_t{cfg_.hc} * cfg_.d_model, 4,
-                    out_ ? &out_->hidden[0] : nullptr, false);
+    if (opt_.record_hidden) record_residual(ws_.subs[si], out_ ? &out_->hidden[0] : nullptr);
 }
 
 void Runner::layer_done(int si, int li) {
-    if (opt_.record_hidden)
-        record_rows(ws_.subs[si], ws_.subs[si].h, int64_t{cfg_.hc} * cfg_.d_model, 4,
-                    out_ ? &out_->hidden[li + 1] : nullptr, false);
+    if (opt_.record_hidden) record_residual(ws_.subs[si], out_ ? &out_->hidden[li + 1] : nullptr);
 }
 
 // All-gathers a per-local-row device tensor [n, width] of `elem`-byte values; rank 0 copies the
@@ -530,9 +542,11 @@ void Runner::head(int si) {
     const int64_t n = s.n, D = cfg_.d_model, V = cfg_.vocab_size;
     const int C = dev_.cp, r = dev_.rank;
     ctx_.phase(Phase::Other);
-    oc::mhc_head(W_.hc_head_fn.as<float>(), W_.hc_head_base.as<float>(),
-                 W_.hc_head_scale.as<float>(), cfg_.hc, D, float(cfg_.hc_eps), float(cfg_.norm_eps),
-                 s.h, n, ws_.z, st);
+    s.h.visit([&](auto* h) {
+        oc::mhc_head(W_.hc_head_fn.as<float>(), W_.hc_head_base.as<float>(),
+                     W_.hc_head_scale.as<float>(), cfg_.hc, D, float(cfg_.hc_eps),
+                     float(cfg_.norm_eps), h, n, ws_.z, st);
+    });
     oc::rmsnorm(ws_.z, n, D, W_.norm.as<float>(), float(cfg_.norm_eps), ws_.z, st);
     if (opt_.record_hidden)
         record_rows(s, ws_.z, D, 2, out_ ? &out_->hidden.back() : nullptr, true);

@@ -97,7 +97,11 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     for (size_t i = 0; i < n_subs; ++i) {
         SubState& s = w.subs[i];
         const int64_t n = d.sub_n[i], P = d.sub_p[i];  // the largest over the chunks
-        s.h = a.template take<float>(n * hc * D);
+        s.h.is_bf16 = opt.residual == ResidualDtype::Bf16;
+        if (s.h.is_bf16)
+            s.h.data = a.template take<bf16>(n * hc * D);
+        else
+            s.h.data = a.template take<float>(n * hc * D);
         s.post = a.template take<float>(n * hc);
         s.comb = a.template take<float>(n * hc * hc);
         s.pos = a.template take<int64_t>(n);

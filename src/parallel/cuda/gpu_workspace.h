@@ -25,6 +25,21 @@ struct CountingArena {
     }
 };
 
+// A sub-batch's mHC residual [n, hc, d_model]: fp32 or bf16 (GpuRunOptions::residual).
+struct ResidualRows {
+    void* data = nullptr;
+    bool is_bf16 = false;
+    // f(float*) or f(bf16*), whichever h is: the ops of ops/cuda/mhc.h have an overload for each.
+    template <class F>
+    void visit(F&& f) const {
+        if (is_bf16)
+            f(static_cast<bf16*>(data));
+        else
+            f(static_cast<float*>(data));
+    }
+    size_t elem_bytes() const { return is_bf16 ? 2 : 4; }
+};
+
 struct SubState {
     int index = 0;
     int64_t row_offset = 0;   // first row in the chunk
@@ -34,7 +49,7 @@ struct SubState {
     Rows rows;      // host
     GpuRows grows;  // device positions + segments
     int64_t n = 0, padded = 0;
-    float* h = nullptr;               // [n, hc, d_model]
+    ResidualRows h;                   // [n, hc, d_model]
     float* post = nullptr;            // [n, hc] (MoE site, lives from X to finish_moe)
     float* comb = nullptr;            // [n, hc, hc]
     int64_t* pos = nullptr;           // [n]

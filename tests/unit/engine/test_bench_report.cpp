@@ -342,6 +342,12 @@ TEST(BenchFloors, HandConfigAtUnitCeilings) {
     ASSERT_TRUE(two);
     EXPECT_DOUBLE_EQ(two->attention, (1920 + 1344) / 2.0);
     EXPECT_DOUBLE_EQ(two->other, 480);
+    // A bf16 residual (--residual bf16): 2 bytes a value, the other phases as before.
+    const std::optional<GpuPhases> half = phase_floors(c, 5, 1, false, false, unit, 2);
+    ASSERT_TRUE(half);
+    EXPECT_DOUBLE_EQ(half->other, 480);
+    EXPECT_DOUBLE_EQ(half->attention, b->attention);
+    EXPECT_DOUBLE_EQ(half->moe, b->moe);
 }
 
 TEST(BenchFloors, NeedTheCeilingsTheyUse) {
@@ -401,6 +407,18 @@ TEST(BenchReportJson, ChunkedRowSaysItsChunk) {
     EXPECT_EQ(report_from_json(j).rows[1].chunk, 4096);
     j["rows"][1].erase("chunk");
     EXPECT_EQ(report_from_json(j).rows[1].chunk, 0);
+}
+
+// --residual: each row keeps it through JSON (a report written before it reads as fp32), the
+// header says it, and a bf16 row's "other" floor counts 2 bytes a value.
+TEST(BenchReportJson, ResidualSaidAndKept) {
+    BenchReport r = sample_report();
+    for (BenchRow& row : r.rows) row.residual = "bf16";
+    EXPECT_NE(report_markdown(r).find("mHC residual bf16"), std::string::npos);
+    nlohmann::json j = report_to_json(r);
+    EXPECT_EQ(report_from_json(j).rows[1].residual, "bf16");
+    j["rows"][1].erase("residual");
+    EXPECT_EQ(report_from_json(j).rows[1].residual, "fp32");
 }
 
 TEST(BenchReportJson, RejectsWhatIsNotAReport) {

@@ -1,5 +1,6 @@
-// EngineOptions::bf16_residual: the CPU backend with the mHC residual h rounded to bf16 after the
-// embedding and after every update, as the release's reference inference keeps it, on the fp8
+// EngineOptions::residual = bf16 (`--residual bf16`): the CPU backend with the mHC residual h
+// rounded to bf16 after the embedding and after every update, as the release's reference inference
+// keeps it (and the GPUs then store it), on the fp8
 // fidelity fixture (the checkpoint and requests docs/fp8.md measures the GPU's bf16 and fp8 paths
 // on). It prints how far that rounding alone moves the fp32 logits, and, with fp8 activations on
 // both sides, what it adds to the fp8 path (docs/numerics.md, "The residual in bf16"); it checks
@@ -21,7 +22,7 @@ namespace {
 RunResult run_cpu(const std::string& dir, bool bf16_residual, bool fp8_activations) {
     EngineOptions eo;
     eo.threads = 2;
-    eo.bf16_residual = bf16_residual;
+    eo.residual = bf16_residual ? ResidualDtype::Bf16 : ResidualDtype::Fp32;
     eo.fp8_activations = fp8_activations;
     PrefillEngine engine(dir, eo);
     RunOptions o;
@@ -63,18 +64,17 @@ TEST(Bf16Residual, MovesTheCpuLogitsByBf16Rounding) {
     EXPECT_TRUE(b.any_differ);
 }
 
-// The rounding is a CPU study: asked of the GPU backend, a clear error before anything is loaded.
-TEST(Bf16Residual, IsRefusedOnTheGpuBackend) {
-    test::TempDir dir;
-    test::write_fp8_fixture(dir.path().string());
-    EngineOptions eo;
-    eo.cuda = true;
-    eo.bf16_residual = true;
+TEST(Bf16Residual, NamesParseAndUnknownOnesAreRefused) {
+    EXPECT_EQ(parse_residual_dtype("fp32"), ResidualDtype::Fp32);
+    EXPECT_EQ(parse_residual_dtype("bf16"), ResidualDtype::Bf16);
+    EXPECT_STREQ(residual_dtype_name(ResidualDtype::Bf16), "bf16");
     try {
-        PrefillEngine engine(dir.path().string(), eo);
+        parse_residual_dtype("fp16");
         FAIL() << "expected an error";
     } catch (const std::exception& e) {
-        EXPECT_NE(std::string(e.what()).find("bf16 residual"), std::string::npos) << e.what();
+        const std::string m = e.what();
+        EXPECT_NE(m.find("fp16"), std::string::npos) << m;
+        EXPECT_NE(m.find("fp32 or bf16"), std::string::npos) << m;
     }
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -424,6 +425,35 @@ TEST(Cli, UnknownExpertGemmIsAUsageError) {
 
 TEST(Cli, UnknownMhcFusedIsAUsageError) {
     expect_usage_error(run_cli("bench --mhc-fused maybe"), {"--mhc-fused", "maybe", "on", "off"});
+}
+
+TEST(Cli, UnknownResidualIsAUsageError) {
+    for (const char* cmd : {"run --model m --input-ids 1", "serve --model m", "bench"})
+        expect_usage_error(run_cli(std::string(cmd) + " --residual fp16"),
+                           {"--residual", "fp16", "fp32", "bf16"});
+}
+
+// --residual bf16 on CPU ranks: the residual rounded to bf16 at every update (docs/numerics.md),
+// said in the JSON; the logits move, by about bf16's resolution, not more.
+TEST(Cli, Bf16ResidualRunsOnCpuRanksAndIsReported) {
+    TempDir tmp;
+    const std::string base = "run --model " + kFixture + " --input-ids 3,4,5,6,7,8 --json";
+    Result f = run_cli(base + " --logits-out " + tmp.file("f.safetensors"));
+    Result b = run_cli(base + " --residual bf16 --logits-out " + tmp.file("b.safetensors"));
+    ASSERT_EQ(f.code, 0) << f.out;
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_EQ(nlohmann::json::parse(f.out)["residual"], "fp32");
+    EXPECT_EQ(nlohmann::json::parse(b.out)["residual"], "bf16");
+    Tensor lf = SafetensorsFile(tmp.file("f.safetensors")).get("logits");
+    Tensor lb = SafetensorsFile(tmp.file("b.safetensors")).get("logits");
+    ASSERT_EQ(lf.shape(), lb.shape());
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < lf.numel(); ++i) {
+        num += (double(lb.f32()[i]) - lf.f32()[i]) * (double(lb.f32()[i]) - lf.f32()[i]);
+        den += double(lf.f32()[i]) * lf.f32()[i];
+    }
+    EXPECT_GT(num, 0.0);                    // the rounding acted
+    EXPECT_LE(std::sqrt(num / den), 0.02);  // and by little (bf16: 2^-9 per rounding)
 }
 
 TEST(Cli, TestHookIsNotInTheHelp) {
