@@ -11,6 +11,8 @@
 #                                   GPU_CHECK_TEST_TIMEOUT (s, default 900) stops a hung kernel
 #   GPU_CHECK_KERNELS=0             skip the kernel timings (bench/kernel_bench --kernel mhc,
 #                                   bench/fp8_gemm_bench --grouped-only) into kernels.log
+#   GPU_CHECK_PROFILE=1             also Nsight Compute on the mHC boundary's kernels, fp32 and bf16
+#                                   residual (scripts/mhc-profile.sh) into mhc-profile.txt
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
 # than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
@@ -68,6 +70,9 @@ if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; the
         timeout 240 build-gpu/bench/fp8_gemm_bench --reps 10 --grouped-only
     } >"$out/kernels.log" 2>&1 || status=1
     cat "$out/kernels.log"
+fi
+if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; then
+    scripts/mhc-profile.sh build-gpu || status=1
 fi
 if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
     build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1

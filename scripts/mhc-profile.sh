@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# What limits the mHC site boundary: Nsight Compute on the fused boundary's two kernels
+# (ops/cuda/mhc_fused.cu: mhc_post_mix_kernel, mhc_collapse_norm_kernel) as `kernel_bench --kernel
+# mhc` runs them at 8192 tokens × 4 streams × 4096, with an fp32 and a bf16 residual, each launch
+# with the sections that say where its time goes: speed of light, memory workload, occupancy,
+# scheduler and warp-state statistics (docs/performance-notes.md, sessions 30–31: the boundary's
+# first kernel reached ≈ 58% of its bytes' floor and taking its products off the CUDA cores did
+# not make it faster, so the next step is this profile, not another guess).
+#   scripts/mhc-profile.sh [build-dir]     (default build-gpu)
+# Writes $OUT/mhc-profile.txt (or ./gpu-out): 8 launches (each kernel twice: warm-up and timed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -z "$ncu" ]; then
+    echo "mhc-profile: no ncu (Nsight Compute) on this machine" >&2
+    exit 1
+fi
+"$ncu" --clock-control none --kernel-name 'regex:mhc_(post_mix|collapse_norm)_kernel' \
+    --launch-count 8 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section Occupancy --section SchedulerStats --section WarpStateStats --section LaunchStats \
+    "$build/bench/kernel_bench" --kernel mhc --repeat 1 >"$out/mhc-profile.txt" 2>&1
+rc=$?
+grep -E '^  [a-z_]+.*mhc_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Eligible Warps|Issued Warp|Registers Per' \
+    "$out/mhc-profile.txt" | head -n 80
+exit $rc
