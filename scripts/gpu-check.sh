@@ -3,7 +3,9 @@
 # the CPU suite and the benchmark, and leave logs and results under $OUT (or ./gpu-out).
 #   scripts/gpu-check.sh            everything
 #   GPU_CHECK_CPU=0                 skip the CPU suite
-#   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments
+#   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments;
+#                                   BENCH_ARGS2 runs a second one after it (bench2.md, bench2.json),
+#                                   e.g. the same rows with another --residual
 #   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them (patterns
 #                                   match whole names, and parameterised ones start with their
 #                                   instantiation: write '*CudaMhc*', not 'CudaMhc*', or
@@ -88,8 +90,15 @@ if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
         --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
         status=1
     echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+    if [ -n "${BENCH_ARGS2:-}" ]; then  # a second bench on the same machine, to compare with
+        t1=$(date +%s)
+        # shellcheck disable=SC2086
+        build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
+            2>"$out/bench2.log" || status=1
+        echo "bench 2: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+    fi
 fi
-tail -n 25 "$out"/cuda-tests.log "$out"/bench.md 2>/dev/null
+tail -n 25 "$out"/cuda-tests.log "$out"/bench.md "$out"/bench2.md 2>/dev/null
 grep -h -E "FAILED|error" "$out"/*.log | head -20
 echo "gpu-check: status $status"
 exit $status
