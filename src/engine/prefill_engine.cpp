@@ -103,9 +103,9 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "--indexer {}: the CPU backend scores the indexer in fp32; --indexer applies to "
                  "--device cuda (leave it out, or auto)",
                  gpu_indexer_name(options.gpu.indexer));
-    CPFILL_CHECK(!options.cuda || !options.fp8_activations,
-                 "fp8 activations on the CPU are a study of the CUDA backend's fp8 path; on "
-                 "--device cuda use --weights fp8");
+    CPFILL_CHECK(!options.cuda || options.activations == ActRounding::None,
+                 "rounded activations on the CPU are a study of the CUDA backend's fp8 or bf16 "
+                 "path; on --device cuda use --weights fp8 or bf16");
     CPFILL_CHECK(!options.cuda || options.indexer_rounding == IndexerRounding::None,
                  "indexer rounding {} is a CPU study of a low-precision indexer; on --device cuda "
                  "the indexer's precision is --indexer (expected none)",
@@ -121,7 +121,7 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
         ranks_ = load_rank_weights(ckpt, options.cp, load, &stats);
         for (ModelWeights& rank : ranks_)
             for (LayerWeights& L : rank.layers) {
-                L.fp8_activations = options.fp8_activations;
+                L.activations = options.activations;
                 L.indexer_rounding = options.indexer_rounding;
             }
         load_bytes_ = stats.stored_bytes;

@@ -25,9 +25,10 @@ struct EngineOptions {
     // in fp32 from the dequantised weights and takes "auto" only.
     std::string weights = "auto";
     // CPU only, a numerics study (docs/fp8.md, "Fidelity"): round the inputs of the linears the
-    // CUDA backend runs in fp8 as its fp8 path does (LayerWeights::fp8_activations), so that the
-    // fp32 reference carries the same activation rounding as the GPU's fp8 run.
-    bool fp8_activations = false;
+    // CUDA backend runs in fp8 as its fp8 path does (Fp8), or to bf16 as its bf16 path feeds them
+    // (Bf16; LayerWeights::activations), so that the fp32 reference carries the same activation
+    // rounding as the GPU's run.
+    ActRounding activations = ActRounding::None;
     // CPU only, a numerics study (docs/fp8.md, "The indexer's queries and keys rounded"): round
     // the lightning indexer's queries and keys to fp8, or to the release's Hadamard + fp4, before
     // it scores them (LayerWeights::indexer_rounding), to see whether its top-k selections hold.

@@ -23,7 +23,7 @@ void attn_pack(const LayerWeights& L, const ModelConfig& cfg, const RopeTables& 
     const int64_t ld = w.total();
     const AttentionWeights& A = L.attn;
     // Window key: rope(kv_norm(x · wkv)).
-    ops::linear_act(pool, L.fp8_activations, xn, n, D, D, A.wkv.f32(), d, packed, ld);
+    ops::linear_act(pool, L.activations, xn, n, D, D, A.wkv.f32(), d, packed, ld);
     for (int64_t t = 0; t < n; ++t)
         ops::rmsnorm(packed + t * ld, 1, d, A.kv_norm.f32(), static_cast<float>(cfg.norm_eps),
                      packed + t * ld);
@@ -54,10 +54,9 @@ void attn_queries(const LayerWeights& L, const ModelConfig& cfg, const RopeTable
     // c_q = q_norm(x·wq_a); q = rope(rmsnorm_per_head(c_q·wq_b)).
     s.cq.resize(n * cfg.q_rank);
     s.q.resize(n * Hd);
-    ops::linear_act(pool, L.fp8_activations, xn, n, D, A.wq_a.f32(), cfg.q_rank, s.cq.data());
+    ops::linear_act(pool, L.activations, xn, n, D, A.wq_a.f32(), cfg.q_rank, s.cq.data());
     ops::rmsnorm(s.cq.data(), n, cfg.q_rank, A.q_norm.f32(), eps, s.cq.data());
-    ops::linear_act(pool, L.fp8_activations, s.cq.data(), n, cfg.q_rank, A.wq_b.f32(), Hd,
-                    s.q.data());
+    ops::linear_act(pool, L.activations, s.cq.data(), n, cfg.q_rank, A.wq_b.f32(), Hd, s.q.data());
     ops::rmsnorm(s.q.data(), n * H, d, nullptr, eps, s.q.data());
     ops::apply_rope(rope, s.q.data(), n, Hd, H, d, rows.pos.data(), false);
     if (L.type != AttnType::CSA) return;
@@ -66,7 +65,7 @@ void attn_queries(const LayerWeights& L, const ModelConfig& cfg, const RopeTable
     const int nI = cfg.index_n_heads, dI = cfg.index_head_dim;
     s.qI.resize(n * nI * dI);
     s.wI.resize(n * nI);
-    ops::linear_act(pool, L.fp8_activations, s.cq.data(), n, cfg.q_rank, A.idx_wq_b.f32(),
+    ops::linear_act(pool, L.activations, s.cq.data(), n, cfg.q_rank, A.idx_wq_b.f32(),
                     int64_t{nI} * dI, s.qI.data());
     ops::apply_rope(rope, s.qI.data(), n, int64_t{nI} * dI, nI, dI, rows.pos.data(), false);
     // The study's rounding (LayerWeights::indexer_rounding), after RoPE as the keys' in kv_append.
@@ -127,9 +126,9 @@ void attn_output(const LayerWeights& L, int layer, const ModelConfig& cfg, const
     const int64_t group_in = Hd / g, ro = cfg.o_rank;
     s.y.resize(n * g * ro);
     for (int gi = 0; gi < g; ++gi)
-        ops::linear_act(pool, L.fp8_activations, s.o.data() + gi * group_in, n, group_in, Hd,
+        ops::linear_act(pool, L.activations, s.o.data() + gi * group_in, n, group_in, Hd,
                         L.attn.wo_a.f32() + gi * ro * group_in, ro, s.y.data() + gi * ro, g * ro);
-    ops::linear_act(pool, L.fp8_activations, s.y.data(), n, g * ro, L.attn.wo_b.f32(), D, out);
+    ops::linear_act(pool, L.activations, s.y.data(), n, g * ro, L.attn.wo_b.f32(), D, out);
 }
 
 }  // namespace cpfill

@@ -13,15 +13,15 @@ namespace cpfill {
 
 namespace {
 
-// out[rows] = swiglu(x[rows] · [w1;w3]ᵀ) · w2ᵀ for one expert (both inputs rounded to fp8 blocks
-// when fp8: ops/fp8_act.h).
-void run_expert(const Tensor& w13, const Tensor& w2, const ModelConfig& cfg, bool fp8,
+// out[rows] = swiglu(x[rows] · [w1;w3]ᵀ) · w2ᵀ for one expert (both inputs rounded as `act` says:
+// ops/fp8_act.h).
+void run_expert(const Tensor& w13, const Tensor& w2, const ModelConfig& cfg, ActRounding act,
                 const float* x, int64_t n, float* out, ThreadPool& pool) {
     const int64_t width = w2.dim(1), D = cfg.d_model;
-    std::vector<float> gu(n * 2 * width), act(n * width);
-    ops::linear_act(pool, fp8, x, n, D, w13.f32(), 2 * width, gu.data());
-    ops::swiglu(gu.data(), n, width, static_cast<float>(cfg.swiglu_limit), act.data());
-    ops::linear_act(pool, fp8, act.data(), n, width, w2.f32(), D, out);
+    std::vector<float> gu(n * 2 * width), a(n * width);
+    ops::linear_act(pool, act, x, n, D, w13.f32(), 2 * width, gu.data());
+    ops::swiglu(gu.data(), n, width, static_cast<float>(cfg.swiglu_limit), a.data());
+    ops::linear_act(pool, act, a.data(), n, width, w2.f32(), D, out);
 }
 
 }  // namespace
@@ -30,7 +30,7 @@ void moe_forward(const LayerWeights& L, const ModelConfig& cfg, const float* y,
                  const int32_t* tokens, int64_t n, float* out, ThreadPool& pool, int32_t* routes) {
     const MoeWeights& W = L.moe;
     const MlpType type = L.mlp;
-    const bool fp8_activations = L.fp8_activations;
+    const ActRounding act = L.activations;
     const int E = cfg.n_experts, K = cfg.top_k;
     const int64_t D = cfg.d_model;
     std::vector<float> logits(n * E), weight(n * K);
@@ -67,7 +67,7 @@ void moe_forward(const LayerWeights& L, const ModelConfig& cfg, const float* y,
         og.resize(m * D);
         for (int64_t j = 0; j < m; ++j)
             std::memcpy(xg.data() + j * D, y + u[j].first * D, D * sizeof(float));
-        run_expert(W.w13[e], W.w2[e], cfg, fp8_activations, xg.data(), m, og.data(), pool);
+        run_expert(W.w13[e], W.w2[e], cfg, act, xg.data(), m, og.data(), pool);
         for (int64_t j = 0; j < m; ++j) {
             float* dst = out + u[j].first * D;
             const float* src = og.data() + j * D;
@@ -75,7 +75,7 @@ void moe_forward(const LayerWeights& L, const ModelConfig& cfg, const float* y,
         }
     }
     std::vector<float> shared(n * D);
-    run_expert(W.shared_w13, W.shared_w2, cfg, fp8_activations, y, n, shared.data(), pool);
+    run_expert(W.shared_w13, W.shared_w2, cfg, act, y, n, shared.data(), pool);
     for (int64_t i = 0; i < n * D; ++i) out[i] += shared[i];
 }
 

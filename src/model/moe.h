@@ -11,7 +11,7 @@
 
 namespace cpfill {
 
-// The MoE of layer L (its routing: L.mlp; fp8 activations: L.fp8_activations). y: f32 [n, d_model]
+// The MoE of layer L (its routing: L.mlp; activation rounding: L.activations). y: f32 [n, d_model]
 // normed MoE input; tokens: [n] ids (hash routing); out: f32 [n, d_model]; routes (optional): i32
 // [n, top_k] the experts each row was routed to, highest score first.
 void moe_forward(const LayerWeights& L, const ModelConfig& cfg, const float* y,

@@ -10,10 +10,12 @@
 
 #include "core/tensor.h"
 #include "io/model_config.h"
+#include "ops/fp8_act.h"
 #include "ops/indexer_round.h"
 
 namespace cpfill {
 
+using ops::ActRounding;
 using ops::IndexerRounding;
 
 class Checkpoint;
@@ -62,8 +64,9 @@ struct LayerWeights {
     MoeWeights moe;
     // A numerics study, not the model: the inputs of the linears the CUDA backend runs in fp8
     // (wq_a, wq_b, wkv, wo_a, wo_b, the indexer's wq_b, the experts) rounded to fp8 blocks as its
-    // fp8 path does (ops/fp8_act.h; EngineOptions::fp8_activations).
-    bool fp8_activations = false;
+    // fp8 path does, or to bf16 as its bf16 path feeds them (ops/fp8_act.h;
+    // EngineOptions::activations).
+    ActRounding activations = ActRounding::None;
     // A numerics study too: the indexer's queries (after RoPE) and keys (after kv_norm + RoPE, as
     // stored) rounded as a low-precision indexer kernel would read them (ops/indexer_round.h;
     // EngineOptions::indexer_rounding).

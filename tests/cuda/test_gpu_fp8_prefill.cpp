@@ -35,7 +35,7 @@ const std::string& checkpoint_dir() {
 }
 
 // device_weights: "cpu", "cpu-fp8" (the CPU with the fp8 path's roundings: its activations,
-// EngineOptions::fp8_activations, and its indexer's queries and keys, indexer_rounding Fp8) or a
+// EngineOptions::activations Fp8, and its indexer's queries and keys, indexer_rounding Fp8) or a
 // --weights value for the GPU.
 RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
               ExpertGemm experts = ExpertGemm::Auto, GpuIndexer indexer = GpuIndexer::Auto,
@@ -44,8 +44,10 @@ RunResult run(const std::string& device_weights, TboMode tbo = TboMode::Off,
     eo.gpu.indexer = indexer;
     eo.threads = 2;
     eo.cuda = device_weights.rfind("cpu", 0) != 0;
-    eo.fp8_activations = device_weights == "cpu-fp8";
-    if (eo.fp8_activations) eo.indexer_rounding = IndexerRounding::Fp8;
+    if (device_weights == "cpu-fp8") {
+        eo.activations = ActRounding::Fp8;
+        eo.indexer_rounding = IndexerRounding::Fp8;
+    }
     if (eo.cuda) eo.weights = device_weights;
     PrefillEngine engine(checkpoint_dir(), eo);
     if (indexer_fp8) *indexer_fp8 = engine.gpu_weight_stats().indexer_fp8;

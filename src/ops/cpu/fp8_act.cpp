@@ -26,14 +26,20 @@ void round_fp8_blocks(const float* x, int64_t n, int64_t k, int64_t ldx, float* 
         }
 }
 
-void linear_act(ThreadPool& pool, bool fp8, const float* x, int64_t n, int64_t in, int64_t ldx,
+void linear_act(ThreadPool& pool, ActRounding r, const float* x, int64_t n, int64_t in, int64_t ldx,
                 const float* w, int64_t out, float* y, int64_t ldy) {
-    if (!fp8) {
+    if (r == ActRounding::None) {
         linear(pool, x, n, in, ldx, w, out, y, ldy);
         return;
     }
     std::vector<float> rounded(n * in);
-    round_fp8_blocks(x, n, in, ldx, rounded.data());
+    if (r == ActRounding::Fp8) {
+        round_fp8_blocks(x, n, in, ldx, rounded.data());
+    } else {
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t c = 0; c < in; ++c)
+                rounded[t * in + c] = bf16_to_f32(f32_to_bf16(x[t * ldx + c]));
+    }
     linear(pool, rounded.data(), n, in, in, w, out, y, ldy);
 }
 

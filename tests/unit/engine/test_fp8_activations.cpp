@@ -1,4 +1,4 @@
-// EngineOptions::fp8_activations: the CPU backend with the CUDA backend's fp8 activation rounding
+// EngineOptions::activations = Fp8: the CPU backend with the CUDA backend's fp8 activation rounding
 // (ops/fp8_act.h), on the checkpoint and requests of tests/cuda/test_gpu_fp8_prefill.cpp (upstream
 // fp8 + fp4, tiny with 16 indexer heads). It prints how far the rounding alone moves the fp32
 // logits (docs/fp8.md, "Fidelity": the GPU's fp8 path against this run separates the format
@@ -23,7 +23,7 @@ namespace {
 RunResult run_cpu(const std::string& dir, bool fp8_activations) {
     EngineOptions eo;
     eo.threads = 2;
-    eo.fp8_activations = fp8_activations;
+    eo.activations = fp8_activations ? ActRounding::Fp8 : ActRounding::None;
     PrefillEngine engine(dir, eo);
     RunOptions o;
     o.all_logits = true;
@@ -55,7 +55,7 @@ TEST(Fp8Activations, AreRefusedOnTheGpuBackend) {
     test::write_fp8_fixture(dir.path().string());
     EngineOptions eo;
     eo.cuda = true;
-    eo.fp8_activations = true;
+    eo.activations = ActRounding::Fp8;
     try {
         PrefillEngine engine(dir.path().string(), eo);
         FAIL() << "expected an error";
