@@ -13,6 +13,8 @@
 #                                   GPU_CHECK_TEST_TIMEOUT (s, default 900) stops a hung kernel
 #   GPU_CHECK_KERNELS=0             skip the kernel timings (bench/kernel_bench --kernel mhc,
 #                                   bench/fp8_gemm_bench --grouped-only) into kernels.log
+#   GPU_CHECK_MEMCHECK=FILTER       also compute-sanitizer memcheck over the GPU tests FILTER selects
+#                                   (small ones: it is slow) into memcheck.log
 #   GPU_CHECK_PROFILE=1             also Nsight Compute on the mHC boundary's kernels, fp32 and bf16
 #                                   residual (scripts/mhc-profile.sh) into mhc-profile.txt
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
@@ -72,6 +74,15 @@ if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; the
         timeout 240 build-gpu/bench/fp8_gemm_bench --reps 10 --grouped-only
     } >"$out/kernels.log" 2>&1 || status=1
     cat "$out/kernels.log"
+fi
+if [ -n "${GPU_CHECK_MEMCHECK:-}" ] && [ -x build-gpu/tests/test_cuda ]; then
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_cuda \
+            --gtest_filter="$GPU_CHECK_MEMCHECK" >"$out/memcheck.log" 2>&1 || status=1
+        tail -n 5 "$out/memcheck.log"
+    else
+        echo "gpu-check: no compute-sanitizer for GPU_CHECK_MEMCHECK" | tee -a "$out/times.txt"
+    fi
 fi
 if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; then
     scripts/mhc-profile.sh build-gpu || status=1
