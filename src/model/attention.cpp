@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "ops/attention.h"
-#include "ops/fp8_act.h"
+#include "ops/act_rounding.h"
 #include "ops/indexer.h"
 #include "ops/indexer_round.h"
 #include "ops/linear.h"

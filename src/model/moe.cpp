@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/fp8_act.h"
+#include "ops/act_rounding.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
 
@@ -14,7 +14,7 @@ namespace cpfill {
 namespace {
 
 // out[rows] = swiglu(x[rows] · [w1;w3]ᵀ) · w2ᵀ for one expert (both inputs rounded as `act` says:
-// ops/fp8_act.h).
+// ops/act_rounding.h).
 void run_expert(const Tensor& w13, const Tensor& w2, const ModelConfig& cfg, ActRounding act,
                 const float* x, int64_t n, float* out, ThreadPool& pool) {
     const int64_t width = w2.dim(1), D = cfg.d_model;

@@ -10,7 +10,7 @@
 
 #include "core/tensor.h"
 #include "io/model_config.h"
-#include "ops/fp8_act.h"
+#include "ops/act_rounding.h"
 #include "ops/indexer_round.h"
 
 namespace cpfill {
@@ -64,7 +64,7 @@ struct LayerWeights {
     MoeWeights moe;
     // A numerics study, not the model: the inputs of the linears the CUDA backend runs in fp8
     // (wq_a, wq_b, wkv, wo_a, wo_b, the indexer's wq_b, the experts) rounded to fp8 blocks as its
-    // fp8 path does, or to bf16 as its bf16 path feeds them (ops/fp8_act.h;
+    // fp8 path does, or to bf16 as its bf16 path feeds them (ops/act_rounding.h;
     // EngineOptions::activations).
     ActRounding activations = ActRounding::None;
     // A numerics study too: the indexer's queries (after RoPE) and keys (after kv_norm + RoPE, as

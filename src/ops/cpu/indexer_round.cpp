@@ -6,7 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "ops/fp8_act.h"
+#include "ops/act_rounding.h"
 
 namespace cpfill::ops {
 

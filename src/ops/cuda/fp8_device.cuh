@@ -21,7 +21,7 @@ __device__ inline float from_e4m3(uint8_t q) {
 }
 
 // The scale of a block whose largest magnitude is amax: amax / 448, or 1 when all are 0 (the CPU's
-// round_fp8_blocks, ops/fp8_act.h).
+// round_fp8_blocks, ops/act_rounding.h).
 __device__ inline float e4m3_scale(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
 
 __device__ inline float warp_max(float v) {

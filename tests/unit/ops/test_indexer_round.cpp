@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "ops/fp8_act.h"
+#include "ops/act_rounding.h"
 #include "ops/indexer_round.h"
 
 namespace cpfill {

@@ -1,5 +1,5 @@
-// round_fp8_blocks and linear_act (ops/fp8_act.h).
-#include "ops/fp8_act.h"
+// round_fp8_blocks and linear_act (ops/act_rounding.h).
+#include "ops/act_rounding.h"
 
 #include <algorithm>
 #include <cmath>

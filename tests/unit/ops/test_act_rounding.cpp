@@ -1,4 +1,6 @@
-// round_fp8_blocks (ops/fp8_act.h): the CUDA backend's fp8 activation rounding on the CPU.
+// ops/act_rounding.h: the CUDA backend's activation rounding on the CPU — round_fp8_blocks, and
+// linear_act with each ActRounding (none: the plain product; bf16 and fp8: the product of the
+// rounded inputs, read with the row stride).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,10 +8,15 @@
 #include <stdexcept>
 #include <vector>
 
-#include "ops/fp8_act.h"
+#include "core/dtype.h"
+#include "core/parallel.h"
+#include "ops/act_rounding.h"
+#include "ops/linear.h"
 
 namespace cpfill {
 namespace {
+
+using ops::ActRounding;
 
 // Values on the e4m3 grid with the block's amax 448 (scale 1) come back unchanged; the zero
 // block stays zero; a block of amax 1 is rounded on the grid scaled by 1/448 (0.3 · 448 = 134.4
@@ -63,6 +70,40 @@ TEST(Fp8Act, StaysWithinE4m3Rounding) {
 TEST(Fp8Act, RejectsWidthsThatAreNotBlocks) {
     std::vector<float> x(100), y(100);
     EXPECT_THROW(ops::round_fp8_blocks(x.data(), 1, 100, 100, y.data()), std::exception);
+}
+
+// linear_act is linear() of the inputs rounded as asked: None the plain product, Bf16 each input
+// to nearest even (2.5 + 2^-8 → 2.5: down; 1 + 3·2^-8 → 1 + 2^-6: a tie, to the even neighbour),
+// Fp8 the blocks of round_fp8_blocks; x read with its row stride; bit for bit.
+TEST(LinearAct, IsTheProductOfTheRoundedInputs) {
+    const int64_t n = 3, in = 128, ldx = 160, out = 5;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> x(n * ldx), w(out * in);
+    for (float& v : x) v = dist(rng);
+    for (float& v : w) v = dist(rng);
+    x[0] = 2.5f + 1.0f / 256;
+    x[1] = 1.0f + 3.0f / 256;
+    ThreadPool pool(2);
+    for (const ActRounding r : {ActRounding::None, ActRounding::Bf16, ActRounding::Fp8}) {
+        std::vector<float> rounded(n * in), want(n * out), got(n * out);
+        if (r == ActRounding::Fp8) {
+            ops::round_fp8_blocks(x.data(), n, in, ldx, rounded.data());
+        } else {
+            for (int64_t t = 0; t < n; ++t)
+                for (int64_t c = 0; c < in; ++c) {
+                    const float v = x[t * ldx + c];
+                    rounded[t * in + c] = r == ActRounding::Bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+                }
+        }
+        if (r == ActRounding::Bf16) {
+            EXPECT_EQ(rounded[0], 2.5f);
+            EXPECT_EQ(rounded[1], 1.0f + 1.0f / 64);
+        }
+        ops::linear(pool, rounded.data(), n, in, w.data(), out, want.data());
+        ops::linear_act(pool, r, x.data(), n, in, ldx, w.data(), out, got.data(), out);
+        EXPECT_EQ(got, want) << static_cast<int>(r);
+    }
 }
 
 }  // namespace
