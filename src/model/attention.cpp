@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "ops/attention.h"
 #include "ops/act_rounding.h"
+#include "ops/attention.h"
 #include "ops/indexer.h"
 #include "ops/indexer_round.h"
 #include "ops/linear.h"

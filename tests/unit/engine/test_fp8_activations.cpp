@@ -1,7 +1,7 @@
 // EngineOptions::activations = Fp8: the CPU backend with the CUDA backend's fp8 activation rounding
-// (ops/act_rounding.h), on the checkpoint and requests of tests/cuda/test_gpu_fp8_prefill.cpp (upstream
-// fp8 + fp4, tiny with 16 indexer heads). It prints how far the rounding alone moves the fp32
-// logits (docs/fp8.md, "Fidelity": the GPU's fp8 path against this run separates the format
+// (ops/act_rounding.h), on the checkpoint and requests of tests/cuda/test_gpu_fp8_prefill.cpp
+// (upstream fp8 + fp4, tiny with 16 indexer heads). It prints how far the rounding alone moves the
+// fp32 logits (docs/fp8.md, "Fidelity": the GPU's fp8 path against this run separates the format
 // from the kernels) and checks that the rounding acts, and acts at the size of e4m3's.
 #include <gtest/gtest.h>
 
