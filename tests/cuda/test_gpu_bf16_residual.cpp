@@ -19,14 +19,8 @@
 namespace cpfill {
 namespace {
 
-const std::string& checkpoint_dir() {
-    static test::TempDir dir;
-    static const std::string path = [] {
-        test::write_fp8_fixture(dir.path().string());
-        return dir.path().string();
-    }();
-    return path;
-}
+// One upstream fp8 + fp4 checkpoint for the whole binary (written once).
+const std::string& checkpoint_dir() { return test::fp8_fixture_dir(); }
 
 struct Case {
     std::string weights = "cpu";  // "cpu", or the GPU's --weights

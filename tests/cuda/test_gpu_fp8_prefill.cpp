@@ -24,15 +24,8 @@
 namespace cpfill {
 namespace {
 
-// One upstream fp8 + fp4 checkpoint for the whole file (written once).
-const std::string& checkpoint_dir() {
-    static test::TempDir dir;
-    static const std::string path = [] {
-        test::write_fp8_fixture(dir.path().string());
-        return dir.path().string();
-    }();
-    return path;
-}
+// One upstream fp8 + fp4 checkpoint for the whole binary (written once).
+const std::string& checkpoint_dir() { return test::fp8_fixture_dir(); }
 
 // device_weights: "cpu", "cpu-fp8" (the CPU with the fp8 path's roundings: its activations,
 // EngineOptions::activations Fp8, and its indexer's queries and keys, indexer_rounding Fp8) or a

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../io/io_test_util.h"
 #include "io/presets.h"
 #include "io/random_checkpoint.h"
 
@@ -28,6 +29,17 @@ inline void write_fp8_fixture(const std::string& dir) {
     o.experts = "fp4";
     o.threads = 2;
     write_random_checkpoint(fp8_fixture_config(), dir, o);
+}
+
+// The fixture written once per test binary into a temporary folder (removed at exit), for the
+// files that share it (tests/cuda/test_gpu_fp8_prefill.cpp, test_gpu_bf16_residual.cpp).
+inline const std::string& fp8_fixture_dir() {
+    static TempDir dir;
+    static const std::string path = [] {
+        write_fp8_fixture(dir.path().string());
+        return dir.path().string();
+    }();
+    return path;
 }
 
 // Two requests (207 and 142 tokens: odd local row counts) of random ids.
