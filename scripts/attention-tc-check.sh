@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# On the GPU machine: builds only what tests/cuda/test_attention_tc_cuda.cpp needs (the
-# attention kernel, the CPU reference, norm and RoPE on both sides, buffers and device queries;
-# not the whole tree), runs its tests, the rates on 16k-query CSA- and HCA-like shapes, then
+# On the GPU machine: builds only what tests/cuda/test_attention_tc_cuda.cpp needs (the two
+# attention kernels, the CPU reference, buffers and device queries; not the whole tree), runs its
+# tests, the rates of attention_tc and attention_wg on 16k-query CSA- and HCA-like shapes, then
 # compute-sanitizer (memcheck, racecheck) on small cases where it works. Logs go to $OUT (or
 # ./attention-tc-out).
 # Usage: scripts/attention-tc-check.sh   (BUILD=dir for the objects, default
 # /tmp/attention-tc-build; JOBS=n parallel compiles, default all cores; RATES_ONLY=1 runs the rates
-# and nothing else, e.g. for a baseline kernel in the same run)
+# and nothing else, e.g. for a baseline kernel in the same run; TEST_TIMEOUT=s stops a hung kernel,
+# default 180)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-attention-tc-out}
@@ -26,9 +27,9 @@ cu_flags=(-std=c++17 -O3 "-gencode=arch=compute_90a,code=sm_90a" -Xcompiler=-Wal
 cpp_srcs=(src/core/dtype.cpp src/core/error.cpp src/core/parallel.cpp src/ops/cpu/linear.cpp
           src/ops/cpu/attention.cpp src/ops/cpu/norm.cpp src/ops/cpu/rope.cpp
           tests/cuda/test_attention_tc_cuda.cpp)
-cu_srcs=(src/ops/cuda/attention.cu src/ops/cuda/attention_tc.cu
+cu_srcs=(src/ops/cuda/attention.cu src/ops/cuda/attention_tc.cu src/ops/cuda/attention_wg.cu
          src/ops/cuda/norm.cu src/ops/cuda/rope.cu src/runtime/cuda/buffer.cu
-         src/runtime/cuda/device.cu)
+         src/runtime/cuda/device.cu src/runtime/cuda/sm90.cu)
 
 # Compile in parallel (at most $JOBS at once, default all cores), one log per file; the test file
 # (ours) also with -Werror. A compile that succeeds leaves <object>.ok.
@@ -61,14 +62,16 @@ done
 g++ -o "$build/test_attention_tc" "${objs[@]}" -L/usr/local/cuda/lib64 -lcudart -lgtest \
     -lgtest_main -lfmt -lopenblas -lpthread >>"$out/build.log" 2>&1 ||
     { tail -n 20 "$out/build.log"; echo "attention-tc-check: link failed"; exit 1; }
-grep -E "registers|spill" "$build/attention_tc.cu.o.log" || true
+grep -E "registers|spill" "$build/attention_tc.cu.o.log" "$build/attention_wg.cu.o.log" || true
 
 cuobjdump --dump-sass "$build/attention_tc.cu.o" | grep -c HMMA | sed 's/^/HMMA instructions: /' || true
+cuobjdump --dump-sass "$build/attention_wg.cu.o" | grep -c HGMMA | sed 's/^/HGMMA instructions: /' ||
+    true
 
 status=0
 rates_only=${RATES_ONLY:-0}
 if [ "$rates_only" != 1 ]; then
-    "$build/test_attention_tc" >"$out/tests.log" 2>&1 || status=1
+    timeout "${TEST_TIMEOUT:-180}" "$build/test_attention_tc" >"$out/tests.log" 2>&1 || status=1
     grep -E "^\[  (PASSED|FAILED) |tests ran|Failure" "$out/tests.log" | head -n 40 || true
 fi
 
@@ -76,7 +79,8 @@ fi
 nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw --format=csv,noheader -lms 250 \
     >"$out/clocks.log" 2>&1 &
 smi=$!
-"$build/test_attention_tc" --gtest_also_run_disabled_tests --gtest_filter='CudaAttentionTcRate.*' \
+timeout "${TEST_TIMEOUT:-180}" "$build/test_attention_tc" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaAttentionTcRate.*' \
     >"$out/rates.log" 2>&1 || status=1
 kill "$smi" 2>/dev/null || true
 awk -F', ' '$2 + 0 > 300 { c += $1; n++; if ($1 + 0 < lo || !lo) lo = $1 + 0; if ($2 + 0 > p) p = $2 + 0 }

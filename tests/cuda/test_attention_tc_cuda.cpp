@@ -1,4 +1,5 @@
-// attention_tc (tensor cores) against ops/attention.h, the CPU reference test_attention_cuda.cpp
+// The two tensor-core attention kernels, attention_tc (mma.sync) and attention_wg (wgmma; where
+// the GPU runs it), each against ops/attention.h, the CPU reference test_attention_cuda.cpp
 // uses (tolerance 1e-2 of the tensor's scale, bf16 output), over a grid of awkward shapes: 8, 16,
 // 24, 64 and 128 heads; sliding, HCA (few and many entries) and CSA (top-k with −1 padding, top-k
 // below a tile) key lists; 1, 37 and 300 queries at positions near 0, at the window's and the
@@ -6,7 +7,8 @@
 // compared with is gone, stop 18.) The data builders repeat test_attention_cuda.cpp's (that file's
 // helpers are private to it). CudaAttentionTcNormRope: the per-head RMSNorm and RoPE folded into
 // the kernel (AttnArgs q_norm, rope_dim) on raw queries, against the CPU ops the model uses and
-// against the separate GPU passes they replace. DISABLED_ rates: scripts/attention-tc-check.sh.
+// against the separate GPU passes they replace. DISABLED_ rates of both:
+// scripts/attention-tc-check.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,6 +57,18 @@ struct AttnData {
 
 // Positions: the last token, the first ones, the edges of the 128-key window and of the ratio-4
 // and ratio-128 windows, then a consecutive run and random ones.
+// The kernels under test: attention_tc everywhere, attention_wg where the GPU runs it.
+struct Kernel {
+    const char* name;
+    void (*run)(const ops::cuda::AttnArgs&, cudaStream_t);
+};
+
+std::vector<Kernel> kernels() {
+    std::vector<Kernel> k{{"attention_tc", ops::cuda::attention_tc}};
+    if (ops::cuda::attention_wg_supported()) k.push_back({"attention_wg", ops::cuda::attention_wg});
+    return k;
+}
+
 std::vector<int64_t> make_positions(int64_t n_q, int64_t n_tokens, uint64_t seed) {
     std::vector<int64_t> pos;
     for (int64_t p :
@@ -194,10 +208,14 @@ TEST_P(CudaAttentionTc, MatchesCpu) {
     const AttnData d = make_data(c, 90);
     const std::vector<float> ref = cpu_attention(c, d);
     DeviceAttn dev(c, d);
-    ops::cuda::attention_tc(dev.args, nullptr);
-    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-    const Diff diffs = print_diff("out", diff(cuda::download_bf16(dev.out, ref.size()), ref));
-    EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+    for (const Kernel& k : kernels()) {
+        SCOPED_TRACE(k.name);
+        dev.poison_out();
+        k.run(dev.args, nullptr);
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+        const Diff diffs = print_diff(k.name, diff(cuda::download_bf16(dev.out, ref.size()), ref));
+        EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+    }
 }
 
 std::vector<TcCase> grid() {
@@ -285,10 +303,14 @@ TEST_P(CudaAttentionTcNormRope, MatchesCpu) {
     DeviceAttn dev(c, d);
     const cuda::DeviceBuffer inv_freq = upload(rope.inv_freq());
     fold_norm_rope(dev.args, inv_freq);
-    ops::cuda::attention_tc(dev.args, nullptr);
-    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-    const Diff diffs = print_diff("out", diff(cuda::download_bf16(dev.out, ref.size()), ref));
-    EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+    for (const Kernel& k : kernels()) {
+        SCOPED_TRACE(k.name);
+        dev.poison_out();
+        k.run(dev.args, nullptr);
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+        const Diff diffs = print_diff(k.name, diff(cuda::download_bf16(dev.out, ref.size()), ref));
+        EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+    }
 }
 
 // The same raw queries through the passes the options replace: rmsnorm, apply_rope, attention_tc
@@ -314,16 +336,17 @@ TEST_P(CudaAttentionTcNormRope, MatchesSeparateKernels) {
     ops::cuda::apply_rope(separate.args.out, n_q, ld, c.n_heads, kHeadDim, kRopeDim,
                           inv_freq.as<float>(), separate.args.pos, true, nullptr);
 
-    DeviceAttn fused(c, d);
-    fold_norm_rope(fused.args, inv_freq);
-    ops::cuda::attention_tc(fused.args, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-
     const std::vector<float> ref = cuda::download_bf16(separate.out, n_q * ld);
     double scale = 0;
     for (float v : ref) scale = std::max(scale, double(std::abs(v)));
     ASSERT_TRUE(std::isfinite(scale) && scale > 0) << "separate passes: scale " << scale;
     const double ulp = std::ldexp(1.0, std::ilogb(scale) - 7);  // bf16: 8 significant bits
+
+    DeviceAttn fused(c, d);
+    fold_norm_rope(fused.args, inv_freq);
+    ops::cuda::attention_tc(fused.args, nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     const Diff diffs = print_diff("out", diff(cuda::download_bf16(fused.out, ref.size()), ref));
     EXPECT_LE(diffs.max_abs, 3 * ulp) << diffs.str();
 }
@@ -354,6 +377,18 @@ TEST(CudaAttentionTcArgs, RejectsRopeWithoutFrequencies) {
     a.n_heads = 8;
     a.rope_dim = 64;
     EXPECT_THROW(ops::cuda::attention_tc(a, nullptr), Error);
+}
+
+// attention_wg makes the same checks, before it asks for the GPU (so these run without one).
+TEST(CudaAttentionTcArgs, WgmmaKernelRejectsTheSame) {
+    ops::cuda::AttnArgs a;
+    a.n_q = 1;
+    a.n_heads = 8;
+    a.head_dim = 256;
+    EXPECT_THROW(ops::cuda::attention_wg(a, nullptr), Error);
+    a.head_dim = 512;
+    a.rope_dim = 64;
+    EXPECT_THROW(ops::cuda::attention_wg(a, nullptr), Error);
 }
 
 // Rates (information, not pass/fail; scripts/attention-tc-check.sh runs them): 16384 consecutive
@@ -395,12 +430,13 @@ void print_rates(const char* name, int64_t first_pos, int ratio, int64_t n_entri
 
     const double flops =
         ops::cuda::attention_flops(dev.args, c.pos.data(), top_k > 0 ? d.idx.data() : nullptr);
-    const double ms_tc = time_ms([&] { ops::cuda::attention_tc(dev.args, nullptr); }, 10);
-    std::printf(
-        "[ rate ] %s %lld queries x %d heads, %.0f keys/query: attention_tc %.2f ms %.1f "
-        "TFLOP/s\n",
-        name, static_cast<long long>(kQueries), kHeads,
-        flops / (4.0 * kHeads * kHeadDim * kQueries), ms_tc, flops / ms_tc * 1e-9);
+    for (const Kernel& k : kernels()) {
+        const double ms = time_ms([&] { k.run(dev.args, nullptr); }, 10);
+        std::printf(
+            "[ rate ] %s %lld queries x %d heads, %.0f keys/query: %s %.2f ms %.1f TFLOP/s\n", name,
+            static_cast<long long>(kQueries), kHeads, flops / (4.0 * kHeads * kHeadDim * kQueries),
+            k.name, ms, flops / ms * 1e-9);
+    }
 }
 
 TEST(CudaAttentionTcRate, DISABLED_CsaLike) {

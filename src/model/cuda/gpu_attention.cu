@@ -118,7 +118,7 @@ void gpu_attn_queries(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, c
     c.phase(Phase::Attention);
     linear(c, xn, n, L.wq_a, s.cq, cfg.q_rank);
     oc::rmsnorm(s.cq, n, cfg.q_rank, L.q_norm.as<float>(), eps, s.cq, c.stream);
-    // q's per-head RMSNorm and RoPE happen as attention_tc loads it (gpu_attn_output).
+    // q's per-head RMSNorm and RoPE happen as the attention kernel loads it (gpu_attn_output).
     linear(c, s.cq, n, L.wq_b, s.q, Hd);
     if (L.type != AttnType::CSA) return;
     c.phase(Phase::Indexer);
@@ -245,7 +245,7 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         a.q_norm_eps = float(cfg.norm_eps);
         a.rope_dim = cfg.rope_dim;
         a.inv_freq = inv_freq(W, L).as<float>();
-        oc::attention_tc(a, c.stream);
+        oc::attention(a, c.stream);
     }
     c.phase(Phase::Attention);
     const int g = cfg.o_groups;

@@ -54,6 +54,25 @@ struct AttnArgs {
 // block).
 void attention_tc(const AttnArgs& a, cudaStream_t stream);
 
+// On Hopper's warpgroup MMAs (wgmma bf16 → fp32; attention_wg.cu): one block of three warpgroups
+// (two computing, one copying) per (query, group of 64 heads; fewer heads are padded), the same
+// numerics as attention_tc (fp32 logits and softmax, P rounded to bf16). Same alignment needs;
+// sm_90a only (a clear error elsewhere: attention_wg_supported says whether the current GPU runs
+// it).
+void attention_wg(const AttnArgs& a, cudaStream_t stream);
+bool attention_wg_supported();
+
+// The kernel the model runs: attention_wg where the current GPU runs it, else attention_tc; the
+// environment variable CPFILL_ATTENTION=tc|wg chooses one instead (auto: the default; any other
+// value is an error naming these).
+enum class AttnKernel { Tc, Wg };
+AttnKernel attention_kernel();
+void attention(const AttnArgs& a, cudaStream_t stream);
+
+// The argument checks both kernels make (head_dim 512, counts, alignment, RoPE frequencies); the
+// error names `kernel`.
+void check_attention_args(const AttnArgs& a, const char* kernel);
+
 // FLOPs the kernel spends (2 per multiply-add, logits and P·V) for queries at these host-side
 // positions, for rate reports.
 double attention_flops(const AttnArgs& a, const int64_t* host_pos, const int32_t* host_idx);

@@ -22,15 +22,16 @@
 #include <cstdint>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_device.cuh"
 #include "ops/cuda/ptx.cuh"
-#include "ops/cuda/rope_device.cuh"
 #include "runtime/cuda/cuda_check.h"
 
 namespace cpfill::ops::cuda {
 
 namespace {
 
-constexpr int kHeadDim = 512;
+using namespace attention_device;
+
 constexpr int kTile = 64;  // keys per shared-memory tile (N of the logits, K-dim of P·V)
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -40,7 +41,6 @@ constexpr int kChunks = kHeadDim / 8;            // 16-byte chunks per row
 constexpr int kDimsPerWarp = kHeadDim / kWarps;  // P·V channels per warp (64)
 constexpr int kLoadWarp0 = 4;                    // warps 4–7 issue the tile copies
 constexpr int kSKeys = kTile / 2;                // logits: keys per warp (two warps per row block)
-constexpr float kLog2e = 1.4426950408889634f;
 
 template <int kM>
 struct TcSmem {
@@ -55,86 +55,16 @@ struct TcSmem {
     int32_t sel[2][kTile];  // entry_idx values of a coming tile, slot = tile parity
 };
 
-// The query's key list: n_window window rows from row j0, then entries (sel[e] or e).
-struct KeyList {
-    const __nv_bfloat16* window;
-    int64_t j0;  // a row of window (the first window position − window0)
-    int64_t n_window;
-    const __nv_bfloat16* entries;
-    const int32_t* sel;
-    int64_t n_keys;
-};
-
-// 2^x by the SFU (≤ 2 ulp; 2^−∞ = 0): the probabilities, which are rounded to bf16 anyway.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-// The RoPE pair (c, c + 1) (c even) of a head row: cos and sin of its angle (rope_device::cos_sin),
-// sin negated for the inverse; cos 1, sin 0 outside the rotated slice.
-__device__ __forceinline__ void rope_cos_sin(int c, int rope_dim, const float* inv_freq, float pos,
-                                             bool inverse, float& cs, float& sn) {
-    cs = 1.0f;
-    sn = 0.0f;
-    if (c < kHeadDim - rope_dim) return;
-    rope_device::cos_sin(inv_freq, (c - (kHeadDim - rope_dim)) / 2, pos, inverse, cs, sn);
-}
-
 // Per-head RMSNorm (no weight, when norm) and RoPE of the first n_rows query rows in shared
-// memory, fp32, one rounding to bf16. One warp per row; lane l holds channels 8l … 8l + 7 and
-// 256 + 8l … 256 + 8l + 7, so the RoPE pairs and their angles are the lane's for every row.
+// memory (attention_device::norm_rope_row), one warp per row.
 template <int kM>
 __device__ void norm_rope_q(TcSmem<kM>& s, int n_rows, bool norm, float eps, int rope_dim,
                             const float* inv_freq, float pos) {
     const int lane = threadIdx.x & 31;
-    float cs[2][4], sn[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            rope_cos_sin(h * kHeadDim / 2 + lane * 8 + 2 * k, rope_dim, inv_freq, pos, false,
-                         cs[h][k], sn[h][k]);
-    for (int r = threadIdx.x >> 5; r < n_rows; r += kWarps) {
-        float x[2][8];
-        float ss = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint4 v = *reinterpret_cast<const uint4*>(&s.q[r][h * kHeadDim / 2 + lane * 8]);
-            const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float2 f = __bfloat1622float2(pairs[k]);
-                x[h][2 * k] = f.x;
-                x[h][2 * k + 1] = f.y;
-                ss += f.x * f.x + f.y * f.y;
-            }
-        }
-        float scale = 1.0f;
-        if (norm) {
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-            scale = rsqrtf(ss / kHeadDim + eps);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint4 v;
-            __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float a = x[h][2 * k] * scale, b = x[h][2 * k + 1] * scale;
-                rope_device::rotate(a, b, cs[h][k], sn[h][k]);
-                pairs[k] = __floats2bfloat162_rn(a, b);
-            }
-            *reinterpret_cast<uint4*>(&s.q[r][h * kHeadDim / 2 + lane * 8]) = v;
-        }
-    }
+    const LaneRope rope = lane_rope(lane, rope_dim, inv_freq, pos);
+    for (int r = threadIdx.x >> 5; r < n_rows; r += kWarps)
+        norm_rope_row(reinterpret_cast<uint4*>(&s.q[r][lane * 8]),
+                      reinterpret_cast<uint4*>(&s.q[r][kHeadDim / 2 + lane * 8]), norm, eps, rope);
 }
 
 // Starts the copy of keys k0 … k0 + kTile − 1 of the list into dst; rows past the list are zeros.
@@ -148,16 +78,7 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 (*dst)[kLd], const KeyLi
     for (int r = lw; r < kTile; r += 4) {
         const int64_t key = k0 + r;
         const bool valid = key < kl.n_keys;
-        const __nv_bfloat16* row = kl.window;
-        if (valid) {
-            if (key < kl.n_window) {
-                row = kl.window + (kl.j0 + key) * kHeadDim;
-            } else {
-                const int64_t e = key - kl.n_window;
-                const int64_t er = kl.sel ? (sel_tile ? sel_tile[r] : kl.sel[e]) : e;
-                row = kl.entries + er * kHeadDim;
-            }
-        }
+        const __nv_bfloat16* row = valid ? key_row(kl, key, sel_tile, r) : kl.window;
         cp_async16(smem_u32(&dst[r][c]), row + c, valid);
         cp_async16(smem_u32(&dst[r][c + kHeadDim / 2]), row + c + kHeadDim / 2, valid);
     }
@@ -361,21 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async16(smem_u32(&s.q[r][c]), src, valid);
     }
     cp_async_commit();
-    KeyList kl;
-    kl.window = window;
-    const int64_t first = p - window_size + 1 > 0 ? p - window_size + 1 : 0;
-    kl.j0 = first - window0;
-    kl.n_window = p - first + 1;
-    kl.entries = entries;
-    kl.sel = entry_idx ? entry_idx + t * idx_stride : nullptr;
-    int64_t n_ent = 0;
-    if (kl.sel) {
-        for (int64_t i0 = 0; i0 < idx_stride; i0 += kThreads)
-            n_ent += __syncthreads_count(i0 + tid < idx_stride && kl.sel[i0 + tid] >= 0);
-    } else if (ratio > 0) {
-        n_ent = (p + 1) / ratio < n_entries ? (p + 1) / ratio : n_entries;
-    }
-    kl.n_keys = kl.n_window + n_ent;
+    const KeyList kl = key_list(p, t, window, window0, window_size, entries, n_entries, ratio,
+                                entry_idx, idx_stride);
     const int n_tiles = static_cast<int>((kl.n_keys + kTile - 1) / kTile);
 
     if (tid < kM) {
@@ -468,25 +376,11 @@ void launch(const AttnArgs& a, cudaStream_t stream) {
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void attention_tc(const AttnArgs& a, cudaStream_t stream) {
     if (a.n_q == 0) return;
-    CPFILL_CHECK(a.head_dim == kHeadDim, "attention_tc: head_dim {} is not supported ({} only)",
-                 a.head_dim, kHeadDim);
-    CPFILL_CHECK(a.n_heads >= 1 && a.window_size >= 1 && a.window0 >= 0,
-                 "attention_tc: n_heads {}, window {}, window0 {}", a.n_heads, a.window_size,
-                 a.window0);
-    CPFILL_CHECK(a.entry_idx == nullptr || a.idx_stride >= 0, "attention_tc: idx_stride {}",
-                 a.idx_stride);
-    CPFILL_CHECK(aligned16(a.q) && aligned16(a.window) && aligned16(a.entries) && aligned16(a.out),
-                 "attention_tc: q, window, entries and out must be 16-byte aligned");
-    CPFILL_CHECK(a.rope_dim >= 0 && a.rope_dim <= kHeadDim && a.rope_dim % 2 == 0 &&
-                     (a.rope_dim == 0 || a.inv_freq != nullptr),
-                 "attention_tc: rope_dim {} (even, at most {}) needs inv_freq (found {})",
-                 a.rope_dim, kHeadDim, a.inv_freq ? "set" : "null");
+    check_attention_args(a, "attention_tc");
     if (a.n_heads <= 16) {
         launch<16>(a, stream);
     } else if (a.n_heads <= 32) {

@@ -243,6 +243,17 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// The registers per thread of this warpgroup from here on (a multiple of 8, 24 … 256): give some
+// back (dec) so that another warpgroup of the block can take them (inc, which waits for them).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 __device__ __forceinline__ void setmaxnreg_dec40() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
 }
