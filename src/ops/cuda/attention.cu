@@ -29,7 +29,9 @@ AttnKernel attention_kernel() {
                      "CPFILL_ATTENTION={}: expected auto (the default), tc or wg", v);
         if (v == "tc") return AttnKernel::Tc;
         if (v == "wg") return AttnKernel::Wg;
-        return attention_wg_supported() ? AttnKernel::Wg : AttnKernel::Tc;
+        // auto: attention_tc until attention_wg has run on a GPU (written in session 32 when none
+        // was lent; docs/performance-notes.md).
+        return AttnKernel::Tc;
     }();
     return choice;
 }

@@ -62,9 +62,9 @@ void attention_tc(const AttnArgs& a, cudaStream_t stream);
 void attention_wg(const AttnArgs& a, cudaStream_t stream);
 bool attention_wg_supported();
 
-// The kernel the model runs: attention_wg where the current GPU runs it, else attention_tc; the
-// environment variable CPFILL_ATTENTION=tc|wg chooses one instead (auto: the default; any other
-// value is an error naming these).
+// The kernel the model runs: attention_tc (auto, the default, until attention_wg has been measured
+// on a GPU); the environment variable CPFILL_ATTENTION=tc|wg chooses one (any other value is an
+// error naming these).
 enum class AttnKernel { Tc, Wg };
 AttnKernel attention_kernel();
 void attention(const AttnArgs& a, cudaStream_t stream);
