@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "ops/attention.h"
@@ -57,15 +58,26 @@ struct AttnData {
 
 // Positions: the last token, the first ones, the edges of the 128-key window and of the ratio-4
 // and ratio-128 windows, then a consecutive run and random ones.
-// The kernels under test: attention_tc everywhere, attention_wg where the GPU runs it.
+// The kernels under test: attention_tc everywhere, attention_wg where the GPU runs it (persistent
+// blocks, and a block per item).
 struct Kernel {
     const char* name;
     void (*run)(const ops::cuda::AttnArgs&, cudaStream_t);
 };
 
+void wg_persistent(const ops::cuda::AttnArgs& a, cudaStream_t s) {
+    ops::cuda::attention_wg(a, s, true);
+}
+void wg_per_item(const ops::cuda::AttnArgs& a, cudaStream_t s) {
+    ops::cuda::attention_wg(a, s, false);
+}
+
 std::vector<Kernel> kernels() {
     std::vector<Kernel> k{{"attention_tc", ops::cuda::attention_tc}};
-    if (ops::cuda::attention_wg_supported()) k.push_back({"attention_wg", ops::cuda::attention_wg});
+    if (ops::cuda::attention_wg_supported()) {
+        k.push_back({"attention_wg", wg_persistent});
+        k.push_back({"attention_wg (a block per item)", wg_per_item});
+    }
     return k;
 }
 
@@ -389,6 +401,17 @@ TEST(CudaAttentionTcArgs, WgmmaKernelRejectsTheSame) {
     a.head_dim = 512;
     a.rope_dim = 64;
     EXPECT_THROW(ops::cuda::attention_wg(a, nullptr), Error);
+    // Its RoPE slice is staged in 16 KB: at most 64 channels, said before anything runs.
+    a.rope_dim = 128;
+    const float inv_freq = 1.0f;
+    a.inv_freq = &inv_freq;
+    try {
+        ops::cuda::attention_wg(a, nullptr);
+        ADD_FAILURE() << "rope_dim 128 accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rope_dim 128 (at most 64)"), std::string::npos)
+            << e.what();
+    }
 }
 
 // Rates (information, not pass/fail; scripts/attention-tc-check.sh runs them): 16384 consecutive

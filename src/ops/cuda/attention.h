@@ -59,7 +59,9 @@ void attention_tc(const AttnArgs& a, cudaStream_t stream);
 // numerics as attention_tc (fp32 logits and softmax, P rounded to bf16). Same alignment needs;
 // sm_90a only (a clear error elsewhere: attention_wg_supported says whether the current GPU runs
 // it).
-void attention_wg(const AttnArgs& a, cudaStream_t stream);
+// persistent: one block per multiprocessor, each taking every n-th item (the next item's copies
+// overlap the current one's end); otherwise one block per item. rope_dim at most 64.
+void attention_wg(const AttnArgs& a, cudaStream_t stream, bool persistent = true);
 bool attention_wg_supported();
 
 // The kernel the model runs: attention_tc (auto, the default, until attention_wg has been measured
