@@ -47,8 +47,13 @@ constexpr int kM = 64;                // heads per block (wgmma's M)
 constexpr int kTile = 64;             // keys per tile
 constexpr int kThreads = 384;         // WG0, WG1 compute; WG2 copies
 constexpr int kComputeThreads = 256;  // WG0 and WG1
-// Registers per thread after the split: 2 · 128 · 232 + 128 · 48 = 65,536.
-constexpr int kComputeRegs = 232, kCopyRegs = 48;
+// Registers per thread after the split. setmaxnreg only moves registers within what the block got
+// at launch (384 threads × 168, the most __launch_bounds__(384, 1) leaves), so the split must not
+// exceed it: with 65,536 (232 / 48) the compute warpgroups' setmaxnreg.inc waited forever (session
+// 32's first run). 224 / 56: no spills.
+constexpr int kComputeRegs = 224, kCopyRegs = 56;
+static_assert(2 * 128 * kComputeRegs + 128 * kCopyRegs <= kThreads * 168,
+              "the register split exceeds the launch allocation");
 constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
 constexpr uint32_t kBlockBytes = 64 * 128;        // one 64-channel block of 64 rows
 constexpr uint32_t kHalfBytes = 4 * kBlockBytes;  // 64 rows × 256 channels
