@@ -145,7 +145,13 @@ tail -n 25 "$out"/cuda-tests.log "$out"/bench.md "$out"/bench2.md 2>/dev/null
 } >"$out/summary.txt"
 cat "$out/summary.txt"
 # At most 8 files come back from the device: the logs go into one archive.
-(cd "$out" && tar czf logs.tgz --exclude=logs.tgz . 2>/dev/null &&
-    find . -mindepth 1 -maxdepth 1 ! -name logs.tgz ! -name times.txt ! -name summary.txt \
-        ! -name 'bench*.md' ! -name 'bench*.json' -exec rm -rf {} +)
+# (Written outside $out first: tar fails on an archive that grows inside what it reads.)
+archive=$(mktemp /tmp/gpu-check-logs.XXXXXX)
+if tar czf "$archive" -C "$out" . 2>/dev/null; then
+    find "$out" -mindepth 1 -maxdepth 1 ! -name times.txt ! -name summary.txt ! -name 'bench*.md' \
+        ! -name 'bench*.json' -exec rm -rf {} +
+    mv "$archive" "$out/logs.tgz" && chmod 644 "$out/logs.tgz"
+else
+    rm -f "$archive"
+fi
 exit $status
