@@ -211,6 +211,19 @@ std::string case_name(const ::testing::TestParamInfo<TcCase>& info) {
 
 class CudaAttentionTc : public ::testing::TestWithParam<TcCase> {};
 
+// Every kernel of kernels() on dev's arguments (output poisoned first) against ref, 1e-2 of its
+// scale.
+void expect_every_kernel_matches(DeviceAttn& dev, const std::vector<float>& ref) {
+    for (const Kernel& k : kernels()) {
+        SCOPED_TRACE(k.name);
+        dev.poison_out();
+        k.run(dev.args, nullptr);
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+        const Diff diffs = print_diff(k.name, diff(cuda::download_bf16(dev.out, ref.size()), ref));
+        EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
+    }
+}
+
 TEST_P(CudaAttentionTc, MatchesCpu) {
     CPFILL_SKIP_WITHOUT_GPU();
     const AttnCase c = make_case(GetParam());
@@ -220,14 +233,7 @@ TEST_P(CudaAttentionTc, MatchesCpu) {
     const AttnData d = make_data(c, 90);
     const std::vector<float> ref = cpu_attention(c, d);
     DeviceAttn dev(c, d);
-    for (const Kernel& k : kernels()) {
-        SCOPED_TRACE(k.name);
-        dev.poison_out();
-        k.run(dev.args, nullptr);
-        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-        const Diff diffs = print_diff(k.name, diff(cuda::download_bf16(dev.out, ref.size()), ref));
-        EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
-    }
+    expect_every_kernel_matches(dev, ref);
 }
 
 std::vector<TcCase> grid() {
@@ -315,14 +321,7 @@ TEST_P(CudaAttentionTcNormRope, MatchesCpu) {
     DeviceAttn dev(c, d);
     const cuda::DeviceBuffer inv_freq = upload(rope.inv_freq());
     fold_norm_rope(dev.args, inv_freq);
-    for (const Kernel& k : kernels()) {
-        SCOPED_TRACE(k.name);
-        dev.poison_out();
-        k.run(dev.args, nullptr);
-        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-        const Diff diffs = print_diff(k.name, diff(cuda::download_bf16(dev.out, ref.size()), ref));
-        EXPECT_LE(diffs.rel, 1e-2) << diffs.str();
-    }
+    expect_every_kernel_matches(dev, ref);
 }
 
 // The same raw queries through the passes the options replace: rmsnorm, apply_rope, attention_tc

@@ -320,6 +320,30 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             wgmma_commit();
         };
+        // This warpgroup's tile's logits, the half the copies land first first (WG0: channels
+        // 0–255, WG1: 256–511), waited for; after the item's last pair's, Q is free for the next
+        // item.
+        auto logits = [&](bool last_pair) __attribute__((always_inline)) {
+            if (wg == 0) {  // constant halves: the descriptors' offsets stay compile-time
+                logits_half(0, true);
+                logits_half(1, false);
+            } else {
+                logits_half(1, true);
+                logits_half(0, false);
+            }
+            wgmma_wait<0>();
+            reg_fence_all(acc);
+            if (last_pair) mbar_arrive(&s.q_empty);
+        };
+        // The running max (m0, m1) into s.m for the other warpgroup; the quad's reads of s.m
+        // (this pair's or the last) come before this write.
+        auto publish_max = [&]() __attribute__((always_inline)) {
+            __syncwarp();
+            if (c4 == 0) {
+                s.m[row0] = m0;
+                s.m[row1] = m1;
+            }
+        };
         // The logits in the log2 domain, −∞ past the list; returns the rows' tile maxima.
         auto mask_scale = [&](int tile, float& mx0, float& mx1) __attribute__((always_inline)) {
             const int n_valid = n_keys - tile * kTile;
@@ -404,26 +428,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wgmma_m64n256k16_bf16_bmn(o, p_other + kk * 2, v_other + kk * 128, 1);
+                wgmma_m64n256k16_bf16<1>(o, p_other + kk * 2, v_other + kk * 128, 1);
             wgmma_commit();
         };
 
         if (wg == 0) {
             for (int pair = 0; pair < n_pairs; ++pair) {
-                logits_half(0, true);
-                logits_half(1, false);
-                wgmma_wait<0>();
-                reg_fence_all(acc);
-                if (pair + 1 == n_pairs) mbar_arrive(&s.q_empty);  // Q is free for the next item
+                logits(pair + 1 == n_pairs);
                 float mx0, mx1;
                 mask_scale(2 * pair, mx0, mx1);
                 // Tile 2·pair has a real key in column 0: the new max is finite.
                 softmax(fmaxf(m0, mx0), fmaxf(m1, mx1));
-                __syncwarp();  // the quad's reads of s.m (last pair) come before this write
-                if (c4 == 0) {
-                    s.m[row0] = m0;
-                    s.m[row1] = m1;
-                }
+                publish_max();
                 named_barrier_arrive(kBarMax0, kComputeThreads);
                 pv_own();
                 wgmma_wait<0>();
@@ -449,21 +465,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         } else {
             for (int pair = 0; pair < n_pairs; ++pair) {
-                logits_half(1, true);
-                logits_half(0, false);
-                wgmma_wait<0>();
-                reg_fence_all(acc);
-                if (pair + 1 == n_pairs) mbar_arrive(&s.q_empty);  // Q is free for the next item
+                logits(pair + 1 == n_pairs);
                 float mx0, mx1;
                 mask_scale(2 * pair + 1, mx0, mx1);
                 named_barrier_sync(kBarMax0, kComputeThreads);
                 // WG0's max is finite (its tile has a real key), so the new max is too.
                 softmax(fmaxf(s.m[row0], mx0), fmaxf(s.m[row1], mx1));
-                __syncwarp();  // the quad's reads of s.m come before this write
-                if (c4 == 0) {
-                    s.m[row0] = m0;
-                    s.m[row1] = m1;
-                }
+                publish_max();
                 named_barrier_arrive(kBarMax1, kComputeThreads);
                 pv_own();
                 store_p(1.0f, 1.0f);
