@@ -390,6 +390,23 @@ TEST(CudaAttentionTcArgs, RejectsRopeWithoutFrequencies) {
     EXPECT_THROW(ops::cuda::attention_tc(a, nullptr), Error);
 }
 
+// CPFILL_ATTENTION's names; any other is refused naming the value and the choices.
+TEST(CudaAttentionTcArgs, AttentionKernelNames) {
+    EXPECT_EQ(ops::cuda::parse_attention_kernel(nullptr), ops::cuda::AttnKernel::Tc);
+    EXPECT_EQ(ops::cuda::parse_attention_kernel("auto"), ops::cuda::AttnKernel::Tc);
+    EXPECT_EQ(ops::cuda::parse_attention_kernel("tc"), ops::cuda::AttnKernel::Tc);
+    EXPECT_EQ(ops::cuda::parse_attention_kernel("wg"), ops::cuda::AttnKernel::Wg);
+    try {
+        ops::cuda::parse_attention_kernel("flash");
+        ADD_FAILURE() << "CPFILL_ATTENTION=flash accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("CPFILL_ATTENTION=flash: expected auto (the default), "
+                                             "tc or wg"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
 // attention_wg makes the same checks, before it asks for the GPU (so these run without one).
 TEST(CudaAttentionTcArgs, WgmmaKernelRejectsTheSame) {
     ops::cuda::AttnArgs a;

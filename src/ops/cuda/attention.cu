@@ -19,20 +19,20 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
+AttnKernel parse_attention_kernel(const char* env) {
+    const std::string v = env ? env : "auto";
+    CPFILL_CHECK(v == "auto" || v == "tc" || v == "wg",
+                 "CPFILL_ATTENTION={}: expected auto (the default), tc or wg", v);
+    if (v == "wg") return AttnKernel::Wg;
+    // tc, and auto: attention_tc until attention_wg has run on a GPU (written in session 32 when
+    // none was lent; docs/performance-notes.md).
+    return AttnKernel::Tc;
+}
+
 // CPFILL_ATTENTION=tc|wg names the kernel instead (for comparisons, as CPFILL_UPLOAD does for
 // loading); read once per process.
 AttnKernel attention_kernel() {
-    static const AttnKernel choice = [] {
-        const char* env = std::getenv("CPFILL_ATTENTION");
-        const std::string v = env ? env : "auto";
-        CPFILL_CHECK(v == "auto" || v == "tc" || v == "wg",
-                     "CPFILL_ATTENTION={}: expected auto (the default), tc or wg", v);
-        if (v == "tc") return AttnKernel::Tc;
-        if (v == "wg") return AttnKernel::Wg;
-        // auto: attention_tc until attention_wg has run on a GPU (written in session 32 when none
-        // was lent; docs/performance-notes.md).
-        return AttnKernel::Tc;
-    }();
+    static const AttnKernel choice = parse_attention_kernel(std::getenv("CPFILL_ATTENTION"));
     return choice;
 }
 

@@ -69,6 +69,8 @@ bool attention_wg_supported();
 // error naming these).
 enum class AttnKernel { Tc, Wg };
 AttnKernel attention_kernel();
+// The value of CPFILL_ATTENTION (null: unset) as a kernel; an unknown name is an error.
+AttnKernel parse_attention_kernel(const char* env);
 void attention(const AttnArgs& a, cudaStream_t stream);
 
 // The argument checks both kernels make (head_dim 512, counts, alignment, RoPE frequencies); the
