@@ -22,6 +22,10 @@
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
 # than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
+#   GPU_CHECK_BENCH_FIRST=1         the benchmark(s) right after the build, the GPU tests after them
+#   GPU_CHECK_BUDGET=s              the whole call's seconds (the device stops a command at 600): every
+#                                   step's timeout is cut to what is left, less 25 s for the archive,
+#                                   and a step with under 30 s left is skipped (said in times.txt)
 #   GPU_CHECK_ATTENTION=1           first scripts/attention-tc-check.sh (both attention kernels alone,
 #                                   own build, timeouts) into attention-check.log; if attention_wg
 #                                   fails there, the suite leaves out the attention tests
@@ -52,9 +56,21 @@ export PATH=/usr/local/cuda/bin:$PATH
 } >"$out/machine.txt" 2>&1
 status=0
 filter=${GTEST_FILTER:-*}
+start=$(date +%s)
+budget_end=$((start + ${GPU_CHECK_BUDGET:-100000}))
+cap() {  # cap <seconds>: the timeout a step gets, cut to what the call has left
+    local left=$((budget_end - $(date +%s) - 25))
+    ((left < 1)) && left=1  # never 0: `timeout 0` waits for ever
+    ((left < $1)) && echo "$left" || echo "$1"
+}
+fits() {  # fits <step name>: false (and said in times.txt) when under 30 s are left
+    (($(cap 30) >= 30)) && return 0
+    echo "$1: skipped, the call's budget is spent" | tee -a "$out/times.txt"
+    return 1
+}
 if [ "${GPU_CHECK_ATTENTION:-0}" = 1 ]; then
     t1=$(date +%s)
-    if OUT="$out/attention-check" SANITIZE=0 TEST_TIMEOUT=150 timeout -k 10 400 \
+    if OUT="$out/attention-check" SANITIZE=0 TEST_TIMEOUT=150 timeout -k 10 "$(cap 400)" \
         scripts/attention-tc-check.sh >"$out/attention-check.log" 2>&1; then
         echo "attention check: passed, $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
     else
@@ -67,75 +83,89 @@ if [ "${GPU_CHECK_ATTENTION:-0}" = 1 ]; then
         export CPFILL_ATTENTION=tc
         BENCH_ENV2=${BENCH_ENV2:-}
         BENCH_ENV2=${BENCH_ENV2//CPFILL_ATTENTION=wg/CPFILL_ATTENTION=tc}
-        status=1
+        attention_failed=1
     fi
     grep -h -E "^\[ rate \]" "$out"/attention-check/rates.log 2>/dev/null | tee -a "$out/times.txt"
 fi
 t0=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1 || status=1
-if [ $status -eq 0 ]; then
-    cmake --build build-gpu -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1 || status=1
+built=0
+if cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
+    timeout "$(cap 100000)" cmake --build build-gpu -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1 &&
+        built=1
 fi
-echo "build: $(($(date +%s) - t0)) s, status $status" | tee "$out/times.txt"
-if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ]; then
-    t1=$(date +%s)
-    timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" build-gpu/tests/test_cuda \
-        --gtest_filter="$filter" >"$out/cuda-tests.log" 2>&1 || status=1
-    echo "cuda tests: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
-    # This is a machine with GPUs: a GPU test that skipped is a failure (a broken driver must not
-    # pass), unless it needs more GPUs than there are.
-    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-    if [ "${gpus:-0}" -eq 0 ]; then
-        echo "gpu-check: nvidia-smi lists no GPU (driver not loaded?)" | tee -a "$out/times.txt"
+[ $built = 1 ] || status=1
+echo "build: $(($(date +%s) - t0)) s, built $built" | tee -a "$out/times.txt"
+[ "${attention_failed:-0}" = 1 ] && status=1
+run_tests() {
+    if [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ -x build-gpu/tests/test_cuda ] && fits "cuda tests"; then
+        t1=$(date +%s)
+        timeout "$(cap "${GPU_CHECK_TEST_TIMEOUT:-900}")" build-gpu/tests/test_cuda \
+            --gtest_filter="$filter" >"$out/cuda-tests.log" 2>&1 || status=1
+        echo "cuda tests: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+        # This is a machine with GPUs: a GPU test that skipped is a failure (a broken driver must not
+        # pass), unless it needs more GPUs than there are.
+        gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+        if [ "${gpus:-0}" -eq 0 ]; then
+            echo "gpu-check: nvidia-smi lists no GPU (driver not loaded?)" | tee -a "$out/times.txt"
+            status=1
+        fi
+        scripts/check-gpu-skips.sh "$out/cuda-tests.log" "${gpus:-0}" | tee -a "$out/times.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    elif [ "${GPU_CHECK_TESTS:-1}" = 1 ] && [ ! -x build-gpu/tests/test_cuda ]; then
+        echo "gpu-check: build-gpu/tests/test_cuda was not built" | tee -a "$out/times.txt"
         status=1
     fi
-    scripts/check-gpu-skips.sh "$out/cuda-tests.log" "${gpus:-0}" | tee -a "$out/times.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-elif [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
-    echo "gpu-check: build-gpu/tests/test_cuda was not built" | tee -a "$out/times.txt"
-    status=1
-fi
-if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; then
+}
+[ "${GPU_CHECK_BENCH_FIRST:-0}" = 1 ] || run_tests
+if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ] && fits kernels; then
     {
-        timeout 120 build-gpu/bench/kernel_bench --kernel mhc --repeat 20
-        timeout 240 build-gpu/bench/fp8_gemm_bench --reps 10 --grouped-only
+        timeout "$(cap 120)" build-gpu/bench/kernel_bench --kernel mhc --repeat 20
+        timeout "$(cap 240)" build-gpu/bench/fp8_gemm_bench --reps 10 --grouped-only
     } >"$out/kernels.log" 2>&1 || status=1
     cat "$out/kernels.log"
 fi
-if [ -n "${GPU_CHECK_MEMCHECK:-}" ] && [ -x build-gpu/tests/test_cuda ]; then
+if [ -n "${GPU_CHECK_MEMCHECK:-}" ] && [ -x build-gpu/tests/test_cuda ] && fits memcheck; then
     if command -v compute-sanitizer >/dev/null; then
-        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_cuda \
+        timeout "$(cap 300)" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/test_cuda \
             --gtest_filter="$GPU_CHECK_MEMCHECK" >"$out/memcheck.log" 2>&1 || status=1
         tail -n 5 "$out/memcheck.log"
     else
         echo "gpu-check: no compute-sanitizer for GPU_CHECK_MEMCHECK" | tee -a "$out/times.txt"
     fi
 fi
-if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ -x build-gpu/bench/kernel_bench ]; then
-    scripts/mhc-profile.sh build-gpu || status=1
+if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ -x build-gpu/bench/kernel_bench ] && fits profile; then
+    timeout "$(cap 300)" scripts/mhc-profile.sh build-gpu || status=1
 fi
-if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
-    build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1
+if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ] && fits demo; then
+    timeout "$(cap 300)" build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1
     tail -n 8 "$out/demo.log"
 fi
-if [ "${GPU_CHECK_CPU:-1}" = 1 ] && [ -d build-gpu/tests ]; then
-    ctest --test-dir build-gpu -L 'unit|golden' -j "$(nproc)" >"$out/cpu-tests.log" 2>&1 || status=1
+if [ "${GPU_CHECK_CPU:-1}" = 1 ] && [ -d build-gpu/tests ] && fits "cpu tests"; then
+    timeout "$(cap 900)" ctest --test-dir build-gpu -L 'unit|golden' -j "$(nproc)" >"$out/cpu-tests.log" 2>&1 || status=1
 fi
-if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ]; then
-    t1=$(date +%s)
-    # shellcheck disable=SC2086
-    timeout "${GPU_CHECK_BENCH_TIMEOUT:-400}" build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
-        --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
-        status=1
-    echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
-    if [ -n "${BENCH_ARGS2:-}" ]; then  # a second bench on the same machine, to compare with
+run_bench() {
+    if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ] && fits bench; then
         t1=$(date +%s)
         # shellcheck disable=SC2086
-        timeout "${GPU_CHECK_BENCH_TIMEOUT:-400}" env ${BENCH_ENV2:-} build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
-            2>"$out/bench2.log" || status=1
-        echo "bench 2: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+        timeout "$(cap "${GPU_CHECK_BENCH_TIMEOUT:-400}")" build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
+            --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
+            status=1
+        echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+        if [ -n "${BENCH_ARGS2:-}" ] && fits "bench 2"; then  # a second bench, to compare with
+            t1=$(date +%s)
+            # shellcheck disable=SC2086
+            timeout "$(cap "${GPU_CHECK_BENCH_TIMEOUT:-400}")" env ${BENCH_ENV2:-} build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
+                2>"$out/bench2.log" || status=1
+            echo "bench 2: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+        fi
     fi
+}
+if [ "${GPU_CHECK_BENCH_FIRST:-0}" = 1 ]; then
+    run_bench
+    run_tests
+else
+    run_bench
 fi
 tail -n 25 "$out"/cuda-tests.log "$out"/bench.md "$out"/bench2.md 2>/dev/null
 {
