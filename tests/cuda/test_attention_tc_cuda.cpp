@@ -392,8 +392,8 @@ TEST(CudaAttentionTcArgs, RejectsRopeWithoutFrequencies) {
 
 // CPFILL_ATTENTION's names; any other is refused naming the value and the choices.
 TEST(CudaAttentionTcArgs, AttentionKernelNames) {
-    EXPECT_EQ(ops::cuda::parse_attention_kernel(nullptr), ops::cuda::AttnKernel::Tc);
-    EXPECT_EQ(ops::cuda::parse_attention_kernel("auto"), ops::cuda::AttnKernel::Tc);
+    EXPECT_EQ(ops::cuda::parse_attention_kernel(nullptr), ops::cuda::AttnKernel::Auto);
+    EXPECT_EQ(ops::cuda::parse_attention_kernel("auto"), ops::cuda::AttnKernel::Auto);
     EXPECT_EQ(ops::cuda::parse_attention_kernel("tc"), ops::cuda::AttnKernel::Tc);
     EXPECT_EQ(ops::cuda::parse_attention_kernel("wg"), ops::cuda::AttnKernel::Wg);
     try {

@@ -9,7 +9,9 @@
 // bit), and what follows from it matches the CPU ops with the same rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <string>
 
@@ -241,16 +243,12 @@ struct BoundaryOut {
     std::vector<float> h, post, comb, y;
 };
 
-// ops::mhc_post (→ h rounded to bf16 with round_h: a bf16 residual) → ops::mhc_pre → x rounded to
-// bf16 → ops::rmsnorm (norm) or x itself.
-BoundaryOut cpu_boundary(const Boundary& b, bool norm, bool round_h = false) {
+// ops::mhc_pre on the updated residual h → x rounded to bf16 → ops::rmsnorm (norm) or x itself.
+BoundaryOut cpu_site(const Boundary& b, std::vector<float> h, bool norm) {
     const int64_t rows = b.rows, D = b.d_model, n_mix = (2 + b.hc) * b.hc;
-    BoundaryOut r{b.h, std::vector<float>(rows * b.hc), std::vector<float>(rows * b.hc * b.hc),
-                  std::vector<float>(rows * D)};
+    BoundaryOut r{std::move(h), std::vector<float>(rows * b.hc),
+                  std::vector<float>(rows * b.hc * b.hc), std::vector<float>(rows * D)};
     ThreadPool pool(4);
-    ops::mhc_post(b.post.data(), b.comb.data(), b.o.data(), b.hc, D, rows, r.h.data(), pool);
-    if (round_h)
-        for (float& v : r.h) v = bf16_to_f32(f32_to_bf16(v));
     ops::MhcParams p{
         b.next.fn.data(), b.next.base.data(), b.next.scale.data(), b.hc, D, 20, 1e-6f, 1e-6f};
     std::vector<float> x(rows * D), mix(rows * n_mix), normed(rows * b.hc * D);
@@ -262,6 +260,17 @@ BoundaryOut cpu_boundary(const Boundary& b, bool norm, bool round_h = false) {
     else
         r.y = x;
     return r;
+}
+
+// ops::mhc_post (→ h rounded to bf16 with round_h: a bf16 residual), then cpu_site.
+BoundaryOut cpu_boundary(const Boundary& b, bool norm, bool round_h = false) {
+    std::vector<float> h = b.h;
+    ThreadPool pool(4);
+    ops::mhc_post(b.post.data(), b.comb.data(), b.o.data(), b.hc, b.d_model, b.rows, h.data(),
+                  pool);
+    if (round_h)
+        for (float& v : h) v = bf16_to_f32(f32_to_bf16(v));
+    return cpu_site(b, std::move(h), norm);
 }
 
 // Device copy of v starting `offset` elements into its buffer (offset 1: an unaligned tensor), with
@@ -372,18 +381,45 @@ BoundaryOut gpu_separate(const Boundary& b, bool norm) {
 // post / comb: 1e-4 absolute (O(1) after sigmoid / Sinkhorn; the mixing products are fp32 summed in
 // another order than the GEMM's or the CPU's). y: 1e-2 of its scale (bf16 output, 2^-9 relative,
 // and a bf16 x whose rounding may flip by one ulp where x differs in its last fp32 bits).
-// h_tol: a bf16 h against the CPU's (which sums the update in another order, then rounds) may be
-// one bf16 step off where the fp32 sum lands near a rounding boundary: 2e-3.
-void expect_close(const BoundaryOut& got, const BoundaryOut& want, const std::string& vs,
-                  double h_tol = 1e-5) {
+void expect_close(const BoundaryOut& got, const BoundaryOut& want, const std::string& vs) {
     Diff dh = print_diff(("h vs " + vs).c_str(), diff(got.h, want.h));
     Diff dp = print_diff(("post vs " + vs).c_str(), diff(got.post, want.post));
     Diff dc = print_diff(("comb vs " + vs).c_str(), diff(got.comb, want.comb));
     Diff dy = print_diff(("y vs " + vs).c_str(), diff(got.y, want.y));
-    EXPECT_LE(dh.rel, h_tol) << "h vs " << vs << ": " << dh.str();
+    EXPECT_LE(dh.rel, 1e-5) << "h vs " << vs << ": " << dh.str();
     EXPECT_LE(dp.max_abs, 1e-4) << "post vs " << vs << ": " << dp.str();
     EXPECT_LE(dc.max_abs, 1e-4) << "comb vs " << vs << ": " << dc.str();
     EXPECT_LE(dy.rel, 1e-2) << "y vs " << vs << ": " << dy.str();
+}
+
+// A bf16 residual against the CPU's: the CPU sums the update in another order before rounding,
+// so where the fp32 sum lands next to a rounding boundary the two bf16 values are one step apart
+// (never more), and such values are rare. One step of h moves the next site's mixing products by
+// that step times a weight of fn, which the sigmoid and the Sinkhorn pass on to post and comb well
+// above their 1e-4: so post, comb and y are checked against the CPU's site math run on the GPU's
+// own h, where the usual tolerances hold.
+void expect_bf16_residual_close(const Boundary& b, const BoundaryOut& got, bool norm) {
+    const BoundaryOut want = cpu_boundary(b, norm, true);
+    ASSERT_EQ(got.h.size(), want.h.size());
+    size_t apart = 0, worst = 0;
+    double worst_steps = 0;
+    for (size_t i = 0; i < got.h.size(); ++i) {
+        if (got.h[i] == want.h[i]) continue;
+        ++apart;
+        // One bf16 step at the larger magnitude: 2^(exponent − 7).
+        const float m = std::max(std::abs(got.h[i]), std::abs(want.h[i]));
+        const double step = std::ldexp(1.0, std::ilogb(m) - 7);
+        const double steps = std::abs(double(got.h[i]) - want.h[i]) / step;
+        if (!(steps <= worst_steps)) worst_steps = steps, worst = i;
+    }
+    EXPECT_LE(worst_steps, 1.0) << "h vs CPU with a bf16 h: " << worst_steps
+                                << " bf16 steps apart at " << worst << " (" << got.h[worst]
+                                << " vs " << want.h[worst] << ")";
+    EXPECT_LE(apart, got.h.size() / 100 + 1)
+        << "h vs CPU with a bf16 h: " << apart << " of " << got.h.size() << " values differ";
+    std::printf("[ info ] bf16 h vs CPU: %zu of %zu values one step apart\n", apart,
+                got.h.size());
+    expect_close(got, cpu_site(b, got.h, norm), "CPU site math on the GPU's bf16 h");
 }
 
 class CudaMhcPostPre : public ::testing::TestWithParam<MhcShape> {};
@@ -440,7 +476,7 @@ TEST_P(CudaMhcPostPre, Bf16ResidualIsTheFp32UpdateRoundedAndMatchesCpu) {
     size_t differ = 0;
     for (size_t i = 0; i < f.h.size(); ++i) differ += f32_to_bf16(f.h[i]) != f32_to_bf16(g.h[i]);
     EXPECT_EQ(differ, 0u) << "of " << f.h.size() << " values";
-    expect_close(g, cpu_boundary(b, true, true), "CPU with a bf16 h", 2e-3);
+    expect_bf16_residual_close(b, g, true);
 }
 
 // The same through the scalar kernels (pointers one element off their alignment), without norm.
@@ -449,8 +485,8 @@ TEST_P(CudaMhcPostPre, Bf16ResidualUnalignedMatchesCpu) {
     SCOPED_TRACE(describe(GetParam(), 85));
     Boundary b = make_boundary(GetParam(), 85);
     for (float& v : b.h) v = bf16_to_f32(f32_to_bf16(v));
-    expect_close(gpu_fused(b, {.norm = false, .offset = 1, .bf16_h = true}),
-                 cpu_boundary(b, false, true), "CPU with a bf16 h", 2e-3);
+    expect_bf16_residual_close(b, gpu_fused(b, {.norm = false, .offset = 1, .bf16_h = true}),
+                               false);
 }
 
 // The shapes of CudaMhc, and some with enough rows (≥ 4225) that each tile is one block over all of

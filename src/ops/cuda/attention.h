@@ -62,12 +62,13 @@ void attention_tc(const AttnArgs& a, cudaStream_t stream);
 // persistent: one block per multiprocessor, each taking every n-th item (the next item's copies
 // overlap the current one's end); otherwise one block per item. rope_dim at most 64.
 void attention_wg(const AttnArgs& a, cudaStream_t stream, bool persistent = true);
+inline constexpr int kWgMaxRopeDim = 64;
 bool attention_wg_supported();
 
-// The kernel the model runs: attention_tc (auto, the default, until attention_wg has been measured
-// on a GPU); the environment variable CPFILL_ATTENTION=tc|wg chooses one (any other value is an
-// error naming these).
-enum class AttnKernel { Tc, Wg };
+// The kernel the model runs. Auto (the default): attention_wg where it runs (a Hopper GPU, rope_dim
+// at most 64), attention_tc elsewhere; the environment variable CPFILL_ATTENTION=tc|wg names one
+// (wg where it cannot run is attention_wg's error; any other value is an error naming these).
+enum class AttnKernel { Auto, Tc, Wg };
 AttnKernel attention_kernel();
 // The value of CPFILL_ATTENTION (null: unset) as a kernel; an unknown name is an error.
 AttnKernel parse_attention_kernel(const char* env);

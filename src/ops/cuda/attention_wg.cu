@@ -71,6 +71,7 @@ constexpr int kBarOut = 8;         // the output written
 constexpr int kBarCount = 9;       // the copy warpgroup's partial key counts (its 128 threads)
 constexpr int kNoRow = INT32_MIN;  // a key past the list (copied as zeros)
 constexpr int kMaxRopeDim = kBlockBytes * 2 / (kM * 4);  // the P tiles stage the RoPE slice: 64
+static_assert(kMaxRopeDim == kWgMaxRopeDim, "attention.h's kWgMaxRopeDim is this kernel's limit");
 
 struct WgSmem {
     alignas(1024) unsigned char q[kRowsBytes];      // Q; the output's staging at the end
