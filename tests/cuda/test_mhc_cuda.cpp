@@ -417,8 +417,7 @@ void expect_bf16_residual_close(const Boundary& b, const BoundaryOut& got, bool 
                                 << " vs " << want.h[worst] << ")";
     EXPECT_LE(apart, got.h.size() / 100 + 1)
         << "h vs CPU with a bf16 h: " << apart << " of " << got.h.size() << " values differ";
-    std::printf("[ info ] bf16 h vs CPU: %zu of %zu values one step apart\n", apart,
-                got.h.size());
+    std::printf("[ info ] bf16 h vs CPU: %zu of %zu values one step apart\n", apart, got.h.size());
     expect_close(got, cpu_site(b, got.h, norm), "CPU site math on the GPU's bf16 h");
 }
 
