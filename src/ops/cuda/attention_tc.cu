@@ -19,6 +19,8 @@
 // cp.async group, waited for while key tile 0 is still in flight), one warp per real head row
 // RMS-normalises and rotates it in fp32 and rounds it once to bf16; the output's RoPE slice is
 // de-rotated in fp32 registers, before the single rounding into the bf16 staging rows.
+// Why it stays beside attention_wg (the model's kernel on Hopper, ≈ 2× this one's rate): GPUs
+// that are not Hopper, RoPE slices over 64 channels, and CPFILL_ATTENTION=tc for comparisons.
 #include <cstdint>
 
 #include "ops/cuda/attention.h"
