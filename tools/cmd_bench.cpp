@@ -231,6 +231,7 @@ int bench(const BenchArgs& a) {
     report.warmup = a.warmup;
     report.seed = a.seed;
     report.indexer = a.indexer;
+    report.kernels = gpu_kernel_choices(plan.cfg);
     if (!a.no_ceilings) {
         fmt::print(stderr, "bench: measuring ceilings (GEMM, HBM, all-gather)\n");
         const GpuCeilings c = measure_gpu_ceilings();

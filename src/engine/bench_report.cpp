@@ -268,6 +268,7 @@ std::string header(const BenchReport& r) {
         r.indexer == "auto" ? "fp8 in the fp8 / fp4 rows, bf16 in the others (auto)"
                             : r.indexer + " in every row",
         residual);
+    if (!r.kernels.empty()) s += fmt::format("Kernels: {}.\n", r.kernels);
     if (r.ceilings) {
         const BenchCeilings& c = *r.ceilings;
         s += fmt::format(
@@ -531,19 +532,14 @@ nlohmann::json phases_to_json(const GpuPhases& p) {
 }
 
 nlohmann::json report_to_json(const BenchReport& r) {
-    json j = {{"format", "cpfill-bench"},
-              {"version", 1},
-              {"preset", r.preset},
-              {"config", json::parse(model_config_to_json(r.config, "hf"))},
-              {"device", r.device},
-              {"gpus", r.gpus},
-              {"repeat", r.repeat},
-              {"warmup", r.warmup},
-              {"seed", r.seed},
-              {"indexer", r.indexer},
-              {"peak_flops_per_gpu", kPeakFlopsPerGpu},
-              {"ceilings", nullptr},
-              {"rows", json::array()}};
+    json j = {
+        {"format", "cpfill-bench"}, {"version", 1},
+        {"preset", r.preset},       {"config", json::parse(model_config_to_json(r.config, "hf"))},
+        {"device", r.device},       {"gpus", r.gpus},
+        {"repeat", r.repeat},       {"warmup", r.warmup},
+        {"seed", r.seed},           {"indexer", r.indexer},
+        {"kernels", r.kernels},     {"peak_flops_per_gpu", kPeakFlopsPerGpu},
+        {"ceilings", nullptr},      {"rows", json::array()}};
     if (const auto& c = r.ceilings)
         j["ceilings"] = {{"gemm_tflops", c->gemm_tflops},
                          {"fp8_gemm_tflops", c->fp8_gemm_tflops},
@@ -566,6 +562,7 @@ BenchReport report_from_json(const nlohmann::json& j) {
     r.warmup = field<int>(j, "warmup");
     r.seed = field<uint64_t>(j, "seed");
     r.indexer = j.value("indexer", std::string("auto"));  // reports before --indexer: auto
+    r.kernels = j.value("kernels", std::string());        // reports before it: not recorded
     if (j.contains("ceilings") && !j.at("ceilings").is_null()) {
         const json& c = j.at("ceilings");
         r.ceilings =

@@ -148,6 +148,9 @@ struct BenchReport {
     // --indexer: "auto" (fp8 in the fp8 and fp4 rows on Hopper, bf16 in the others), "bf16" or
     // "fp8" in every row.
     std::string indexer = "auto";
+    // The interchangeable GPU kernels the run took (gpu_kernel_choices); empty in reports written
+    // before it was recorded.
+    std::string kernels;
     std::optional<BenchCeilings> ceilings;
     std::vector<BenchRow> rows;
 };

@@ -150,6 +150,11 @@ struct GpuCeilings {
 };
 GpuCeilings measure_gpu_ceilings();
 
+// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION,
+// CPFILL_MHC; docs/cli.md), on device 0, in words for reports: "attention_wg (attention),
+// registers (mHC boundary)".
+std::string gpu_kernel_choices(const ModelConfig& cfg);
+
 class GpuGroup {
   public:
     // Joins the group (a collective call across processes: every process of the group calls it).

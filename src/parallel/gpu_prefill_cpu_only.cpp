@@ -34,6 +34,7 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig&, int64_t, int, int, bool, bool,
     no_cuda();
 }
 GpuCeilings measure_gpu_ceilings() { no_cuda(); }
+std::string gpu_kernel_choices(const ModelConfig&) { no_cuda(); }
 
 }  // namespace cpfill
 #endif

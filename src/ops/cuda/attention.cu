@@ -33,13 +33,22 @@ AttnKernel attention_kernel() {
     return choice;
 }
 
-void attention(const AttnArgs& a, cudaStream_t stream) {
+AttnKernel attention_kernel_for(int rope_dim) {
     // Auto: attention_wg, 1.7–2.0× attention_tc's rate and 19–20 ms less per prefill of the flash
     // slice at 64k (session 33, docs/performance-notes.md), where it runs. Whether this GPU is a
     // Hopper is asked once per process (the model runs on one kind of GPU).
     static const bool hopper = attention_wg_supported();
     const AttnKernel k = attention_kernel();
-    if (k == AttnKernel::Wg || (k == AttnKernel::Auto && hopper && a.rope_dim <= kWgMaxRopeDim))
+    if (k != AttnKernel::Auto) return k;
+    return hopper && rope_dim <= kWgMaxRopeDim ? AttnKernel::Wg : AttnKernel::Tc;
+}
+
+const char* attention_kernel_name(AttnKernel k) {
+    return k == AttnKernel::Wg ? "attention_wg" : k == AttnKernel::Tc ? "attention_tc" : "auto";
+}
+
+void attention(const AttnArgs& a, cudaStream_t stream) {
+    if (attention_kernel_for(a.rope_dim) == AttnKernel::Wg)
         attention_wg(a, stream);
     else
         attention_tc(a, stream);

@@ -73,6 +73,10 @@ AttnKernel attention_kernel();
 // The value of CPFILL_ATTENTION (null: unset) as a kernel; an unknown name is an error.
 AttnKernel parse_attention_kernel(const char* env);
 void attention(const AttnArgs& a, cudaStream_t stream);
+// The kernel attention() runs on the current GPU for queries with this rope_dim (Tc or Wg), and its
+// name ("attention_tc", "attention_wg"), for reports.
+AttnKernel attention_kernel_for(int rope_dim);
+const char* attention_kernel_name(AttnKernel k);
 
 // The argument checks both kernels make (head_dim 512, counts, alignment, RoPE frequencies); the
 // error names `kernel`.

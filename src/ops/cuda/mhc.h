@@ -90,6 +90,8 @@ void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat1
 MhcKernel mhc_kernel();
 // The value of CPFILL_MHC (null: unset) as a kernel (never Auto); an unknown name is an error.
 MhcKernel parse_mhc_kernel(const char* env);
+// "registers" or "staged" (Auto: mhc_kernel()'s), for reports.
+const char* mhc_kernel_name(MhcKernel k);
 
 // Final head collapse: z[t] = Σ_j (sigmoid(scale · (fn · rmsnorm(h[t]))_j + base_j) + hc_eps) h[t,
 // j]. fn fp32 [hc, hc · d_model], base fp32 [hc], scale fp32 [1] (device); z bf16 [rows, d_model].

@@ -702,6 +702,11 @@ MhcKernel parse_mhc_kernel(const char* env) {
     return v == "staged" ? MhcKernel::Staged : MhcKernel::Registers;
 }
 
+const char* mhc_kernel_name(MhcKernel k) {
+    if (k == MhcKernel::Auto) k = mhc_kernel();
+    return k == MhcKernel::Staged ? "staged" : "registers";
+}
+
 MhcKernel mhc_kernel() {
     static const MhcKernel choice = parse_mhc_kernel(std::getenv("CPFILL_MHC"));
     return choice;

@@ -377,6 +377,7 @@ TEST(BenchReportMarkdown, PhasesAgainstTheirFloors) {
 TEST(BenchReportJson, RoundTrip) {
     BenchReport r = sample_report();
     r.rows[0].indexer = "fp8";
+    r.kernels = "attention_wg (attention), staged (mHC boundary)";
     const nlohmann::json j = report_to_json(r);
     const BenchReport back = report_from_json(nlohmann::json::parse(j.dump()));
     EXPECT_EQ(back.preset, r.preset);
@@ -386,6 +387,7 @@ TEST(BenchReportJson, RoundTrip) {
     EXPECT_EQ(back.warmup, r.warmup);
     EXPECT_EQ(back.seed, r.seed);
     EXPECT_EQ(back.indexer, r.indexer);
+    EXPECT_EQ(back.kernels, r.kernels);
     EXPECT_EQ(back.ceilings, r.ceilings);
     EXPECT_EQ(model_config_to_json(back.config, "hf"), model_config_to_json(r.config, "hf"));
     ASSERT_EQ(back.rows.size(), r.rows.size());
@@ -407,6 +409,22 @@ TEST(BenchReportJson, ChunkedRowSaysItsChunk) {
     EXPECT_EQ(report_from_json(j).rows[1].chunk, 4096);
     j["rows"][1].erase("chunk");
     EXPECT_EQ(report_from_json(j).rows[1].chunk, 0);
+}
+
+// The kernels a run took (CPFILL_ATTENTION / CPFILL_MHC) are in the header, so two benches of
+// one machine say what they compare; a report written before they were recorded reads as none,
+// and says nothing of them.
+TEST(BenchReportJson, KernelsSaidAndKept) {
+    BenchReport r = sample_report();
+    r.kernels = "attention_tc (attention), registers (mHC boundary)";
+    EXPECT_NE(report_markdown(r).find("Kernels: attention_tc (attention), registers (mHC "
+                                      "boundary).\n"),
+              std::string::npos);
+    nlohmann::json j = report_to_json(r);
+    j.erase("kernels");
+    const BenchReport old = report_from_json(j);
+    EXPECT_EQ(old.kernels, "");
+    EXPECT_EQ(report_markdown(old).find("Kernels:"), std::string::npos);
 }
 
 // --residual: each row keeps it through JSON (a report written before it reads as fp32), the
