@@ -532,14 +532,20 @@ nlohmann::json phases_to_json(const GpuPhases& p) {
 }
 
 nlohmann::json report_to_json(const BenchReport& r) {
-    json j = {
-        {"format", "cpfill-bench"}, {"version", 1},
-        {"preset", r.preset},       {"config", json::parse(model_config_to_json(r.config, "hf"))},
-        {"device", r.device},       {"gpus", r.gpus},
-        {"repeat", r.repeat},       {"warmup", r.warmup},
-        {"seed", r.seed},           {"indexer", r.indexer},
-        {"kernels", r.kernels},     {"peak_flops_per_gpu", kPeakFlopsPerGpu},
-        {"ceilings", nullptr},      {"rows", json::array()}};
+    json j = {{"format", "cpfill-bench"},
+              {"version", 1},
+              {"preset", r.preset},
+              {"config", json::parse(model_config_to_json(r.config, "hf"))},
+              {"device", r.device},
+              {"gpus", r.gpus},
+              {"repeat", r.repeat},
+              {"warmup", r.warmup},
+              {"seed", r.seed},
+              {"indexer", r.indexer},
+              {"peak_flops_per_gpu", kPeakFlopsPerGpu},
+              {"ceilings", nullptr},
+              {"rows", json::array()}};
+    j["kernels"] = r.kernels;
     if (const auto& c = r.ceilings)
         j["ceilings"] = {{"gemm_tflops", c->gemm_tflops},
                          {"fp8_gemm_tflops", c->fp8_gemm_tflops},
