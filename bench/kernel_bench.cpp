@@ -226,47 +226,34 @@ void bench_mhc(int reps) {
                                dy.as<__nv_bfloat16>(), nullptr);
         },
         reps);
-    // The fused boundary with either form of its first kernel (mhc.h MhcKernel), fp32 or bf16 h.
-    auto dh16 = zeros(rows * width * 2);
-    const auto fused = [&](ops::cuda::MhcKernel kernel, bool bf16_h) {
-        return time_ms(
-            [&] {
-                if (bf16_h)
-                    ops::cuda::mhc_post_pre(dpost.as<float>(), dcomb.as<float>(),
-                                            dout.as<__nv_bfloat16>(), p, dw.as<float>(), 1e-6f,
-                                            rows, dh16.as<__nv_bfloat16>(), dpost2.as<float>(),
-                                            dcomb2.as<float>(), dy.as<__nv_bfloat16>(),
-                                            dscratch.as<float>(), nullptr, kernel);
-                else
-                    ops::cuda::mhc_post_pre(dpost.as<float>(), dcomb.as<float>(),
-                                            dout.as<__nv_bfloat16>(), p, dw.as<float>(), 1e-6f,
-                                            rows, dh.as<float>(), dpost2.as<float>(),
-                                            dcomb2.as<float>(), dy.as<__nv_bfloat16>(),
-                                            dscratch.as<float>(), nullptr, kernel);
-            },
-            reps);
-    };
-    using ops::cuda::MhcKernel;
-    const double fused_ms = fused(MhcKernel::Registers, false);
+    const double fused_ms = time_ms(
+        [&] {
+            ops::cuda::mhc_post_pre(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(),
+                                    p, dw.as<float>(), 1e-6f, rows, dh.as<float>(),
+                                    dpost2.as<float>(), dcomb2.as<float>(), dy.as<__nv_bfloat16>(),
+                                    dscratch.as<float>(), nullptr);
+        },
+        reps);
     std::printf(
         "mhc boundary (post + pre + rmsnorm) %lld x %d x %lld: separate %.3f ms (%.0f GB/s), "
         "fused %.3f ms (%.0f GB/s of h, 3 passes), %.2fx\n",
         static_cast<long long>(rows), hc, static_cast<long long>(d_model), separate_ms,
         3 * h_gb / (separate_ms * 1e-3), fused_ms, 3 * h_gb / (fused_ms * 1e-3),
         separate_ms / fused_ms);
-    // With a bf16 residual (--residual bf16): half the bytes of h.
-    const double fused16_ms = fused(MhcKernel::Registers, true);
+    // The same fused boundary with a bf16 residual (--residual bf16): half the bytes of h.
+    auto dh16 = zeros(rows * width * 2);
+    const double fused16_ms = time_ms(
+        [&] {
+            ops::cuda::mhc_post_pre(dpost.as<float>(), dcomb.as<float>(), dout.as<__nv_bfloat16>(),
+                                    p, dw.as<float>(), 1e-6f, rows, dh16.as<__nv_bfloat16>(),
+                                    dpost2.as<float>(), dcomb2.as<float>(), dy.as<__nv_bfloat16>(),
+                                    dscratch.as<float>(), nullptr);
+        },
+        reps);
     std::printf(
         "mhc boundary, bf16 residual: fused %.3f ms (%.0f GB/s of h, 3 passes), %.2fx the fp32 "
         "boundary's speed\n",
         fused16_ms, 3 * h_gb / 2 / (fused16_ms * 1e-3), fused_ms / fused16_ms);
-    // The first kernel with h staged in shared memory (CPFILL_MHC=staged, 3 blocks per SM).
-    const double staged_ms = fused(MhcKernel::Staged, false);
-    const double staged16_ms = fused(MhcKernel::Staged, true);
-    std::printf(
-        "mhc boundary, staged first kernel: fp32 h %.3f ms (%.2fx the registers kernel's speed), "
-        "bf16 h %.3f ms (%.2fx)\n",
-        staged_ms, fused_ms / staged_ms, staged16_ms, fused16_ms / staged16_ms);
 }
 
 }  // namespace

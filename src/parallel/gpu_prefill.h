@@ -150,9 +150,8 @@ struct GpuCeilings {
 };
 GpuCeilings measure_gpu_ceilings();
 
-// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION,
-// CPFILL_MHC; docs/cli.md), on device 0, in words for reports: "attention_wg (attention),
-// registers (mHC boundary)".
+// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION;
+// docs/cli.md), on device 0, in words for reports: "attention_wg (attention)".
 std::string gpu_kernel_choices(const ModelConfig& cfg);
 
 class GpuGroup {

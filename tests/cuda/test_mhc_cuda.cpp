@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -302,7 +301,6 @@ struct FusedOptions {
     bool alias = false;   // post_out == post_in, comb_out == comb_in
     size_t offset = 0;    // elements h, o and y start into their buffers
     bool bf16_h = false;  // the residual in bf16 (b.h rounded to it on the way)
-    ops::cuda::MhcKernel kernel = ops::cuda::MhcKernel::Registers;  // the first kernel's form
 };
 
 BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
@@ -326,15 +324,15 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     float* comb_out = opt.alias ? dcomb_in.as<float>() : dcomb.as<float>();
     const float* norm_w = opt.norm ? dw.as<float>() : nullptr;
     if (opt.bf16_h)
-        ops::cuda::mhc_post_pre(
-            dpost_in.as<float>(), dcomb_in.as<float>(), dout.as<__nv_bfloat16>() + off, p, norm_w,
-            1e-6f, rows, dh.as<__nv_bfloat16>() + off, post_out, comb_out,
-            dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr, opt.kernel);
+        ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
+                                dh.as<__nv_bfloat16>() + off, post_out, comb_out,
+                                dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
     else
-        ops::cuda::mhc_post_pre(
-            dpost_in.as<float>(), dcomb_in.as<float>(), dout.as<__nv_bfloat16>() + off, p, norm_w,
-            1e-6f, rows, dh.as<float>() + off, post_out, comb_out, dy.as<__nv_bfloat16>() + off,
-            dscratch.as<float>(), nullptr, opt.kernel);
+        ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
+                                dh.as<float>() + off, post_out, comb_out,
+                                dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     expect_guard(dscratch, 0, scratch_bytes, "scratch");
     expect_guard(dy, off * 2, (off + rows * D) * 2, "y");
@@ -496,39 +494,6 @@ TEST_P(CudaMhcPostPre, Bf16ResidualUnalignedMatchesCpu) {
                                false);
 }
 
-// The staged first kernel (h copied into shared memory; CPFILL_MHC=staged) does the registers
-// kernel's arithmetic in the same order: the same bits of h, post, comb and y, for an fp32 and a
-// bf16 residual, with and without the norm, pointers aligned (the staged path) and one element off
-// (both fall back to the scalar kernel).
-TEST_P(CudaMhcPostPre, StagedGivesTheRegistersKernelsBits) {
-    CPFILL_SKIP_WITHOUT_GPU();
-    SCOPED_TRACE(describe(GetParam(), 90));
-    Boundary b = make_boundary(GetParam(), 90);
-    const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
-        return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
-    };
-    for (bool bf16_h : {false, true}) {
-        if (bf16_h)
-            for (float& v : b.h) v = bf16_to_f32(f32_to_bf16(v));
-        for (bool norm : {true, false}) {
-            for (size_t offset : {size_t{0}, size_t{1}}) {
-                SCOPED_TRACE(::testing::Message()
-                             << "bf16 h " << bf16_h << ", norm " << norm << ", offset " << offset);
-                FusedOptions o{.norm = norm, .offset = offset, .bf16_h = bf16_h};
-                const BoundaryOut reg = gpu_fused(b, o);
-                o.kernel = ops::cuda::MhcKernel::Staged;
-                const BoundaryOut st = gpu_fused(b, o);
-                EXPECT_TRUE(same_bits(st.h, reg.h)) << "h: " << diff(st.h, reg.h).str();
-                EXPECT_TRUE(same_bits(st.post, reg.post))
-                    << "post: " << diff(st.post, reg.post).str();
-                EXPECT_TRUE(same_bits(st.comb, reg.comb))
-                    << "comb: " << diff(st.comb, reg.comb).str();
-                EXPECT_TRUE(same_bits(st.y, reg.y)) << "y: " << diff(st.y, reg.y).str();
-            }
-        }
-    }
-}
-
 // The shapes of CudaMhc, and some with enough rows (≥ 4225) that each tile is one block over all of
 // d_model (fewer rows split d_model over up to 8 blocks; d_model ≤ 32 is one chunk, never split).
 // Paths (mhc_fused.cu): d_model split (3 × 33, 5 × 4096, 9 × 7168, 37 × 300, 130 × 512, 6 × 129,
@@ -569,25 +534,6 @@ TEST(CudaMhcPostPreEdge, ScratchBytes) {
     EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(4, 7168, 1), 8 * 25 * 4);
     EXPECT_EQ(ops::cuda::mhc_post_pre_scratch_bytes(2, 70, 5), 8 * 5 * 9 * 4);
     EXPECT_THROW(ops::cuda::mhc_post_pre_scratch_bytes(5, 4096, 1), Error);
-}
-
-// CPFILL_MHC's names (no GPU needed): unset and auto are the registers kernel until the staged one
-// has been measured; an unknown name is refused naming the choices.
-TEST(CudaMhcPostPreEdge, KernelNames) {
-    using ops::cuda::MhcKernel;
-    EXPECT_EQ(ops::cuda::parse_mhc_kernel(nullptr), MhcKernel::Registers);
-    EXPECT_EQ(ops::cuda::parse_mhc_kernel("auto"), MhcKernel::Registers);
-    EXPECT_EQ(ops::cuda::parse_mhc_kernel("registers"), MhcKernel::Registers);
-    EXPECT_EQ(ops::cuda::parse_mhc_kernel("staged"), MhcKernel::Staged);
-    try {
-        ops::cuda::parse_mhc_kernel("tensor");
-        ADD_FAILURE() << "CPFILL_MHC=tensor accepted";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(
-                      "CPFILL_MHC=tensor: expected auto (the default), registers or staged"),
-                  std::string::npos)
-            << e.what();
-    }
 }
 }  // namespace
 }  // namespace cpfill

@@ -71,27 +71,14 @@ int64_t mhc_post_pre_scratch_bytes(int hc, int64_t d_model, int64_t rows);
 // cores (no TF32), summed in another order than mhc_pre's GEMM: post / comb agree to ~1e-6.
 // bf16 h: each updated value is rounded to bf16 as it is stored, and the next site's products,
 // its sum of squares and the collapse are taken from the rounded values (what mhc_pre would read).
-// kernel: how the first of the two kernels holds the next chunk of h while it multiplies the
-// current one (the same bits either way): Registers (2 blocks per multiprocessor) or Staged
-// (copied into shared memory by cp.async, 3 blocks; vector access only, else Registers); Auto:
-// mhc_kernel().
-enum class MhcKernel { Auto, Registers, Staged };
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                  cudaStream_t stream, MhcKernel kernel = MhcKernel::Auto);
+                  cudaStream_t stream);
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
-                  float* scratch, cudaStream_t stream, MhcKernel kernel = MhcKernel::Auto);
-// The model's choice: CPFILL_MHC=registers|staged names one (for comparisons, as CPFILL_ATTENTION
-// does; read once per process); unset or auto is Registers until Staged has been measured on a
-// GPU (docs/performance-notes.md, session 33). Any other value is an error naming these.
-MhcKernel mhc_kernel();
-// The value of CPFILL_MHC (null: unset) as a kernel (never Auto); an unknown name is an error.
-MhcKernel parse_mhc_kernel(const char* env);
-// "registers" or "staged" (Auto: mhc_kernel()'s), for reports.
-const char* mhc_kernel_name(MhcKernel k);
+                  float* scratch, cudaStream_t stream);
 
 // Final head collapse: z[t] = Σ_j (sigmoid(scale · (fn · rmsnorm(h[t]))_j + base_j) + hc_eps) h[t,
 // j]. fn fp32 [hc, hc · d_model], base fp32 [hc], scale fp32 [1] (device); z bf16 [rows, d_model].

@@ -15,12 +15,6 @@
 //   squares (scratch [splits, rows, kVals]). One slice (splits == 1, the case at long lengths)
 //   with vector access for kernel 2: those are the token's totals, so warp 0 runs the site math of
 //   mhc_pre itself (one lane per token) → post_out, comb_out, and pre → scratch [rows, hc].
-// kStage (vector access only; CPFILL_MHC=staged, mhc.h MhcKernel): the next chunk's h and o are
-//   copied by cp.async into a staging area of shared memory (each thread copies exactly the slots
-//   it updates next, so it waits for its own copies without a barrier) instead of being held in
-//   registers across the product, and the block takes 60 KB of dynamic shared memory at most (fp32
-//   h, hc 4) and 80 registers: 3 blocks per multiprocessor instead of 2. The same arithmetic in
-//   the same order: the same bits.
 // Every kernel is a template over the residual's element type (fp32 or bf16, mhc.h): the loads
 // and stores of h are 4 · sizeof(H) bytes, a bf16 h is rounded as kernel 1 stores it, and what
 // kernel 1 multiplies and squares are the rounded values; the arithmetic is fp32 either way.
@@ -34,8 +28,6 @@
 //   re-reads only what it wrote itself, an L2 hit).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "ops/cuda/mhc.h"
@@ -84,37 +76,15 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, b
 // kVec: 4-value h, float4 fn, 8-byte o (d_model % 4 == 0, aligned pointers), else scalar.
 // H: the residual's element type; a bf16 h is rounded as it is stored, and the products and
 // squares are taken from the rounded values.
-// The staging area of kStage, after the F::kSmem floats: h [kTile][HC][kChunk] as H holds it, then
-// o [kTile][kChunk] bf16; and the kernel's dynamic shared memory in bytes.
-template <int HC, class H>
-struct Stage {
-    static constexpr int kOff = (Fused<HC>::kSmem + 3) / 4 * 4;  // floats before the area
-    static constexpr int kH = kTile * HC * kChunk;               // elements of staged h
-    static constexpr int kBytes = kOff * 4 + kH * static_cast<int>(sizeof(H)) + kTile * kChunk * 2;
-};
-
-// Global → shared copy of 4 values of h (16 bytes fp32, 8 bf16); zeros when !valid.
-__device__ __forceinline__ void cp_async_h4(uint32_t dst, const float* src, bool valid) {
-    cp_async16(dst, src, valid);
-}
-__device__ __forceinline__ void cp_async_h4(uint32_t dst, const __nv_bfloat16* src, bool valid) {
-    cp_async8(dst, src, valid);
-}
-
-template <int HC, bool kVec, bool kSite, class H, bool kStage>
-__global__ void __launch_bounds__(kFusedThreads, kStage ? 3 : 2)
+template <int HC, bool kVec, bool kSite, class H>
+__global__ void __launch_bounds__(kFusedThreads, 2)
     mhc_post_mix_kernel(const float* post, const float* comb, const __nv_bfloat16* o,
                         const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split, H* h,
                         float* part, float* post_out, float* comb_out) {
-    static_assert(!kStage || kVec, "the staged copies are whole 4-value groups");
     using F = Fused<HC>;
     const float* const fn = next.fn;
     const int64_t d_model = next.d_model;
-    __shared__ __align__(16) float smem_static[kStage ? 4 : F::kSmem];
-    extern __shared__ float4 smem_dynamic[];  // kStage: Stage<HC, H>::kBytes
-    float* const smem = kStage ? reinterpret_cast<float*>(smem_dynamic) : smem_static;
-    H* const h_stage = reinterpret_cast<H*>(smem + Stage<HC, H>::kOff);
-    __nv_bfloat16* const o_stage = reinterpret_cast<__nv_bfloat16*>(h_stage + Stage<HC, H>::kH);
+    __shared__ __align__(16) float smem[F::kSmem];
     __shared__ float tok_ss[kTile];
     __shared__ float coef[kTile][HC + HC * HC];  // post_k, then comb[j, k], of each token
     float* const As = smem;                      // fp32 [kTile, kLd]: the updated h of the chunk
@@ -175,40 +145,13 @@ __global__ void __launch_bounds__(kFusedThreads, kStage ? 3 : 2)
             ov = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
         }
     };
-    // kStage: chunk c's h and o of this thread's slots into the staging area (zeros past the last
-    // row and past d_model, as load gives).
-    // Offsets within a row of h, o and fn are 32-bit here (the host asks kMix · width < 2^31).
-    H* const h_row = h + (tok ? row * width + 4 * q : 0);
-    const __nv_bfloat16* const o_src = o + (tok ? row * d_model + 4 * q : 0);
-    const uint32_t h_dst = smem_u32(h_stage + t * HC * kChunk + 4 * q);
-    const uint32_t o_dst = smem_u32(o_stage + t * kChunk + 4 * q);
-    const int d_model32 = static_cast<int>(d_model), width32 = static_cast<int>(width);
-    auto load_async = [&](int64_t c) {
-        const int dc = static_cast<int>(c) * kChunk;
-        const bool ok = tok && dc + 4 * q < d_model32;  // else zeros, read from nowhere
-#pragma unroll
-        for (int j = 0; j < HC; ++j)
-            cp_async_h4(h_dst + j * kChunk * static_cast<int>(sizeof(H)),
-                        ok ? h_row + dc + j * d_model32 : h, ok);
-        cp_async8(o_dst, ok ? o_src + dc : o, ok);
-    };
-    // The chunk's update from hv / ov (kStage: read from the staging area first): to h (valid
-    // positions), to As (all), squares into ss. The same operations in the same order as
-    // mhc_post_kernel; rounded to H before any use.
+    // The chunk's update from hv / ov: to h (valid positions), to As (all), squares into ss. The
+    // same operations in the same order as mhc_post_kernel; rounded to H before any use.
     float ss = 0.0f;
     auto update = [&](int64_t c) {
-        if constexpr (kStage) {
-#pragma unroll
-            for (int j = 0; j < HC; ++j) hv[j] = h_load4(h_stage + (t * HC + j) * kChunk + 4 * q);
-            ov = *reinterpret_cast<const uint2*>(o_stage + t * kChunk + 4 * q);
-        }
         const int64_t d = c * kChunk + 4 * q;
         const float4 of = make_float4(bf16_lo(ov.x), bf16_hi(ov.x), bf16_lo(ov.y), bf16_hi(ov.y));
-        // kStage: 32-bit offsets from the thread's row, as its copies take.
-        const int dc = static_cast<int>(c) * kChunk;
-        H* const hd = kStage ? h_row + dc : h + row * width + d;
-        const bool in = kStage ? tok && dc + 4 * q < d_model32 : tok && d < d_model;
-        const int64_t stride = kStage ? d_model32 : d_model;
+        H* hd = h + row * width + d;
 #pragma unroll
         for (int k = 0; k < HC; ++k) {
             const float p = coef[t][k];
@@ -228,7 +171,7 @@ __global__ void __launch_bounds__(kFusedThreads, kStage ? 3 : 2)
             ss += s.z * s.z;
             ss += s.w * s.w;
             if constexpr (kVec) {
-                if (in) h_store4(hd + k * stride, s);
+                if (tok && d < d_model) h_store4(hd + k * d_model, s);
             } else {
                 const float e4[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
@@ -240,27 +183,17 @@ __global__ void __launch_bounds__(kFusedThreads, kStage ? 3 : 2)
     // fn of chunk c into Bs buffer `buf` (zeros past d_model).
     auto stage = [&](int64_t c, int buf) {
         constexpr int kQ = kChunk / 4;
-        if constexpr (kStage) {  // the same copies, 32-bit offsets
-            const int dc = static_cast<int>(c) * kChunk;
-            for (int i = tid; i < F::kMix * HC * kQ; i += kFusedThreads) {
-                const int m = i / (HC * kQ), k = (i / kQ) % HC, qq = i % kQ;
-                const int d = dc + 4 * qq, off = m * width32 + k * d_model32 + d;
-                cp_async16(smem_u32(Bs + buf * F::kB + m * F::kLd + k * kChunk + 4 * qq),
-                           fn + (d < d_model32 ? off : 0), d < d_model32);
-            }
-        } else {
-            for (int i = tid; i < F::kMix * HC * kQ; i += kFusedThreads) {
-                const int m = i / (HC * kQ), k = (i / kQ) % HC, qq = i % kQ;
-                const int64_t d = c * kChunk + 4 * qq, off = m * width + k * d_model + d;
-                const uint32_t dst = smem_u32(Bs + buf * F::kB + m * F::kLd + k * kChunk + 4 * qq);
-                if constexpr (kVec) {
-                    cp_async16(dst, fn + (d < d_model ? off : 0), d < d_model);
-                } else {
+        for (int i = tid; i < F::kMix * HC * kQ; i += kFusedThreads) {
+            const int m = i / (HC * kQ), k = (i / kQ) % HC, qq = i % kQ;
+            const int64_t d = c * kChunk + 4 * qq, off = m * width + k * d_model + d;
+            const uint32_t dst = smem_u32(Bs + buf * F::kB + m * F::kLd + k * kChunk + 4 * qq);
+            if constexpr (kVec) {
+                cp_async16(dst, fn + (d < d_model ? off : 0), d < d_model);
+            } else {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        cp_async4_zfill(dst + 4 * e, fn + (d + e < d_model ? off + e : 0),
-                                        d + e < d_model);
-                }
+                for (int e = 0; e < 4; ++e)
+                    cp_async4_zfill(dst + 4 * e, fn + (d + e < d_model ? off + e : 0),
+                                    d + e < d_model);
             }
         }
     };
@@ -276,33 +209,19 @@ __global__ void __launch_bounds__(kFusedThreads, kStage ? 3 : 2)
 
     if (c_begin < c_end) {
         stage(c_begin, 0);
-        if constexpr (kStage)
-            load_async(c_begin);
-        else
-            load(c_begin);
+        load(c_begin);
     }
     cp_async_commit();
     for (int64_t c = c_begin; c < c_end; ++c) {
         const int buf = static_cast<int>(c - c_begin) & 1;
-        if constexpr (kStage) {
-            cp_async_wait<0>();  // this thread's copies of chunk c: its h and o slots, its fn part
-            update(c);           // As is free: the previous product ended with a barrier
-            __syncthreads();     // everyone's fn copies landed, As complete, the slots read
-            if (c + 1 < c_end) {
-                load_async(c + 1);      // in flight during the product
-                stage(c + 1, buf ^ 1);  // that buffer was last read by the previous product
-            }
-            cp_async_commit();
-        } else {
-            update(c);  // As is free: the previous product ended with a barrier
-            if (c + 1 < c_end) {
-                load(c + 1);            // in flight during the product
-                stage(c + 1, buf ^ 1);  // that buffer was last read by the previous product
-            }
-            cp_async_commit();
-            cp_async_wait<1>();  // this chunk's fn has landed (this thread's copies)
-            __syncthreads();     // … and everyone's, and As is complete
+        update(c);  // As is free: the previous product ended with a barrier
+        if (c + 1 < c_end) {
+            load(c + 1);            // in flight during the product
+            stage(c + 1, buf ^ 1);  // that buffer was last read by the previous product
         }
+        cp_async_commit();
+        cp_async_wait<1>();  // this chunk's fn has landed (this thread's copies)
+        __syncthreads();     // … and everyone's, and As is complete
         const float* a0 = As + tg * F::kLd + warp * 4 * HC;
         const float* b0 = Bs + buf * F::kB + mg * F::kLd + warp * 4 * HC;
 #pragma unroll
@@ -578,7 +497,7 @@ template <int HC, class H>
 void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                      const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
                      H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                     bool staged, cudaStream_t stream) {
+                     cudaStream_t stream) {
     using Yes = std::true_type;
     using No = std::false_type;
     const FusedSplit sp = fused_split(rows, p.d_model);
@@ -590,27 +509,19 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
     const dim3 grid1(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits));
     const bool vec1 =
         p.d_model % 4 == 0 && aligned(h, 4 * sizeof(H)) && aligned(p.fn, 16) && aligned(o, 8);
-    auto post_mix = [&](auto vec, auto site, auto stage) {
-        constexpr bool kStage = decltype(stage)::value;
-        const auto kernel =
-            mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value, H, kStage>;
-        const int smem = kStage ? Stage<HC, H>::kBytes : 0;
-        if constexpr (kStage)  // per call: the attribute belongs to the current device
-            CPFILL_CUDA_CHECK(
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kernel<<<grid1, kFusedThreads, smem, stream>>>(
-            post_in, comb_in, o, p, rows, sp.chunks_per_split, h, scratch, post_out, comb_out);
+    auto post_mix = [&](auto vec, auto site) {
+        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value, H>
+            <<<grid1, kFusedThreads, 0, stream>>>(post_in, comb_in, o, p, rows, sp.chunks_per_split,
+                                                  h, scratch, post_out, comb_out);
     };
-    // The staged kernel's offsets within fn are 32-bit.
-    staged = staged && int64_t{(2 + HC) * HC} * HC * p.d_model < (int64_t{1} << 31);
     if (vec1 && streaming)
-        staged ? post_mix(Yes{}, Yes{}, Yes{}) : post_mix(Yes{}, Yes{}, No{});
+        post_mix(Yes{}, Yes{});
     else if (vec1)
-        staged ? post_mix(Yes{}, No{}, Yes{}) : post_mix(Yes{}, No{}, No{});
+        post_mix(Yes{}, No{});
     else if (streaming)
-        post_mix(No{}, Yes{}, No{});
+        post_mix(No{}, Yes{});
     else
-        post_mix(No{}, No{}, No{});
+        post_mix(No{}, No{});
     CPFILL_CUDA_CHECK(cudaGetLastError());
 
     if (streaming) {
@@ -663,16 +574,14 @@ template <class H>
 void post_pre_impl(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                    const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                    H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                   MhcKernel kernel, cudaStream_t stream) {
+                   cudaStream_t stream) {
     if (rows == 0) return;
-    if (kernel == MhcKernel::Auto) kernel = mhc_kernel();
-    const bool staged = kernel == MhcKernel::Staged;
     CPFILL_CHECK(next.sinkhorn_iters >= 1, "mhc_post_pre: hc_sinkhorn_iters must be ≥ 1, found {}",
                  next.sinkhorn_iters);
     CPFILL_CHECK(next.d_model >= 1, "mhc_post_pre: d_model must be ≥ 1, found {}", next.d_model);
     dispatch_hc(next.hc, [&](auto hc) {
         launch_post_pre<decltype(hc)::value>(post_in, comb_in, o, next, norm_w, norm_eps, rows, h,
-                                             post_out, comb_out, y, scratch, staged, stream);
+                                             post_out, comb_out, y, scratch, stream);
     });
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
@@ -682,34 +591,17 @@ void post_pre_impl(const float* post_in, const float* comb_in, const __nv_bfloat
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                  cudaStream_t stream, MhcKernel kernel) {
+                  cudaStream_t stream) {
     post_pre_impl(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out, y,
-                  scratch, kernel, stream);
+                  scratch, stream);
 }
 
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
-                  float* scratch, cudaStream_t stream, MhcKernel kernel) {
+                  float* scratch, cudaStream_t stream) {
     post_pre_impl(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out, y,
-                  scratch, kernel, stream);
-}
-
-MhcKernel parse_mhc_kernel(const char* env) {
-    const std::string v = env ? env : "auto";
-    CPFILL_CHECK(v == "auto" || v == "registers" || v == "staged",
-                 "CPFILL_MHC={}: expected auto (the default), registers or staged", v);
-    return v == "staged" ? MhcKernel::Staged : MhcKernel::Registers;
-}
-
-const char* mhc_kernel_name(MhcKernel k) {
-    if (k == MhcKernel::Auto) k = mhc_kernel();
-    return k == MhcKernel::Staged ? "staged" : "registers";
-}
-
-MhcKernel mhc_kernel() {
-    static const MhcKernel choice = parse_mhc_kernel(std::getenv("CPFILL_MHC"));
-    return choice;
+                  scratch, stream);
 }
 
 }  // namespace cpfill::ops::cuda

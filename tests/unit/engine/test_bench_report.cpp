@@ -377,7 +377,7 @@ TEST(BenchReportMarkdown, PhasesAgainstTheirFloors) {
 TEST(BenchReportJson, RoundTrip) {
     BenchReport r = sample_report();
     r.rows[0].indexer = "fp8";
-    r.kernels = "attention_wg (attention), staged (mHC boundary)";
+    r.kernels = "attention_wg (attention)";
     const nlohmann::json j = report_to_json(r);
     const BenchReport back = report_from_json(nlohmann::json::parse(j.dump()));
     EXPECT_EQ(back.preset, r.preset);
@@ -411,15 +411,13 @@ TEST(BenchReportJson, ChunkedRowSaysItsChunk) {
     EXPECT_EQ(report_from_json(j).rows[1].chunk, 0);
 }
 
-// The kernels a run took (CPFILL_ATTENTION / CPFILL_MHC) are in the header, so two benches of
+// The kernels a run took (CPFILL_ATTENTION) are in the header, so two benches of
 // one machine say what they compare; a report written before they were recorded reads as none,
 // and says nothing of them.
 TEST(BenchReportJson, KernelsSaidAndKept) {
     BenchReport r = sample_report();
-    r.kernels = "attention_tc (attention), registers (mHC boundary)";
-    EXPECT_NE(report_markdown(r).find("Kernels: attention_tc (attention), registers (mHC "
-                                      "boundary).\n"),
-              std::string::npos);
+    r.kernels = "attention_tc (attention)";
+    EXPECT_NE(report_markdown(r).find("Kernels: attention_tc (attention).\n"), std::string::npos);
     nlohmann::json j = report_to_json(r);
     j.erase("kernels");
     const BenchReport old = report_from_json(j);
