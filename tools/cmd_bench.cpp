@@ -44,7 +44,6 @@ struct BenchArgs {
     int expert_streams = GpuRunOptions{}.expert_streams;
     std::string expert_gemm = "auto";
     std::string mhc_fused = "on";
-    std::string attn_fp8_out = "on";
     std::string residual = "fp32";
 };
 
@@ -109,7 +108,6 @@ void measure(GpuGroup& g, const std::vector<int32_t>& prompt, const BenchArgs& a
                        : a.expert_gemm == "streams" ? ExpertGemm::Streams
                                                     : ExpertGemm::Auto;
     base.mhc_fused = a.mhc_fused == "on";
-    base.attn_fp8_out = a.attn_fp8_out == "on";
     base.residual = parse_residual_dtype(a.residual);
     row.residual = a.residual;
     row.indexer = g.weight_stats().indexer_fp8 ? "fp8" : "bf16";
@@ -294,11 +292,6 @@ Runner add_bench_command(CLI::App& app) {
     add_residual_option(*c, args->residual);
     c->add_option("--mhc-fused", args->mhc_fused,
                   "on: each mHC post-mix fused with the next pre-mix and norm (one op); off: apart")
-        ->check(CLI::IsMember({"on", "off"}))
-        ->capture_default_str();
-    c->add_option("--attn-fp8-out", args->attn_fp8_out,
-                  "fp8 rows: on: the attention kernel writes wo_a's inputs quantised (where it "
-                  "runs attention_wg); off: bf16 and a quantisation pass")
         ->check(CLI::IsMember({"on", "off"}))
         ->capture_default_str();
     c->add_option("--expert-streams", args->expert_streams,

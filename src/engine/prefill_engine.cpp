@@ -212,7 +212,6 @@ PrefillOutput PrefillEngine::run_gpu(const std::vector<std::vector<int32_t>>& re
     g.fail_rank = opt.fail_rank;
     g.record_kv = opt.keep_kv;
     g.expert_gemm = opt.expert_gemm;
-    g.attn_fp8_out = opt.attn_fp8_out;
     g.residual = options_.residual;
     const std::vector<int>& local = options_.gpu.local_ranks;
     if (local.empty() || std::find(local.begin(), local.end(), 0) != local.end())

@@ -49,7 +49,6 @@ struct RunOptions {
     bool keep_kv = false;       // cuda: download the KV state into RunResult::out.kv (the CPU
                                 // backend always keeps it)
     ExpertGemm expert_gemm = ExpertGemm::Auto;  // cuda: GpuRunOptions::expert_gemm
-    bool attn_fp8_out = true;                   // cuda, tests: GpuRunOptions::attn_fp8_out
 };
 
 struct RunResult {

@@ -77,10 +77,6 @@ struct GpuRunOptions {
     // mhc_post_pre: the residual read twice and written once instead of read five times); false:
     // mhc_post, mhc_pre and the RMSNorm apart (tests, bench --mhc-fused off).
     bool mhc_fused = true;
-    // Where wo_a is fp8 and the attention runs attention_wg, the kernel writes wo_a's inputs
-    // quantised (AttnArgs::out_q: the bits the quantisation pass would make) instead of bf16 for
-    // a pass to quantise; false: that pass (tests).
-    bool attn_fp8_out = true;
     int expert_streams = 4;  // ExpertGemm::Streams: CUDA streams the GEMM pairs go over (1–8)
     // The mHC residual's storage (parallel/cp_prefill.h; ops/cuda/mhc.h): bf16 halves its bytes,
     // in the workspace and at every site boundary.
@@ -120,8 +116,6 @@ struct GpuStats {
     // … the same kernel with bf16 operands (grouped_gemm_bf16); under Auto the layers that may,
     // as for fp8 (a batch with many rows per expert still takes the GEMM pairs)
     int grouped_bf16_layers = 0;
-    // layers whose attention wrote wo_a's inputs in fp8 (GpuRunOptions::attn_fp8_out)
-    int attn_fp8_out_layers = 0;
 };
 
 // What one GPU needs for a prefill of `n_tokens` (one batch, in chunks of `chunk` tokens when

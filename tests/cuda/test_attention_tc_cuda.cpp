@@ -19,7 +19,6 @@
 #include "cuda_test_util.h"
 #include "ops/attention.h"
 #include "ops/cuda/attention.h"
-#include "ops/cuda/fp8.h"
 #include "ops/cuda/norm.h"
 #include "ops/cuda/rope.h"
 #include "ops/norm.h"
@@ -375,132 +374,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaAttentionTcNormRope,
                                            TcCase{80, Keys::kCsa, 300}),
                          case_name);
 
-// A stand-in output for the argument checks (never written: they refuse first).
-__nv_bfloat16* const kNoOutput = reinterpret_cast<__nv_bfloat16*>(uintptr_t{256});
-
-// attention_wg's fp8 output (AttnArgs::out_q) against the quantisation pass the model ran before:
-// quantize_act_fp8 over each group's columns of the same kernel's bf16 output, bit for bit (e4m3
-// bytes and scales), with and without the folded RoPE (whose block is quantised after the inverse
-// rotation) and with padded head groups. The group's rows are out_rows = n_q + 3 apart; the
-// buffers start poisoned, so entries the kernel leaves unwritten (or rows past n_q it writes)
-// show.
-struct Fp8OutCase {
-    TcCase tc;
-    int out_group;  // heads per group
-    int rope_dim;   // folded norm and RoPE with this many channels (0: none)
-};
-
-class CudaAttentionWgFp8Out : public ::testing::TestWithParam<Fp8OutCase> {};
-
-TEST_P(CudaAttentionWgFp8Out, EqualsTheQuantisedBf16Output) {
-    CPFILL_SKIP_WITHOUT_SM90();
-    const Fp8OutCase& fc = GetParam();
-    const AttnCase c = make_case(fc.tc);
-    const int64_t n_q = static_cast<int64_t>(c.pos.size()), rows = n_q + 3;
-    const int64_t gw = int64_t{fc.out_group} * kHeadDim, groups = c.n_heads / fc.out_group;
-    SCOPED_TRACE(testing::Message() << "heads " << c.n_heads << " in groups of " << fc.out_group
-                                    << ", ratio " << c.ratio << ", top_k " << c.top_k
-                                    << ", queries " << n_q << ", rope_dim " << fc.rope_dim);
-    const AttnData d = make_data(c, 90);
-    DeviceAttn dev(c, d);
-    const ops::RopeTable rope(RopeParams{}, std::max(fc.rope_dim, 2));
-    const cuda::DeviceBuffer inv_freq = upload(rope.inv_freq());
-    if (fc.rope_dim > 0) {
-        fold_norm_rope(dev.args, inv_freq);
-        dev.args.rope_dim = fc.rope_dim;
-    }
-    // The reference: the bf16 output, each group's columns quantised by the pass.
-    ops::cuda::attention_wg(dev.args, nullptr);
-    const int64_t q_bytes = groups * rows * gw, scales = groups * (gw / 128) * rows;
-    cuda::DeviceBuffer ref_q(q_bytes), ref_s(scales * 4);
-    for (int64_t g = 0; g < groups; ++g)
-        ops::cuda::quantize_act_fp8(dev.args.out + g * gw, int64_t{c.n_heads} * kHeadDim, n_q, gw,
-                                    ref_q.as<uint8_t>() + g * rows * gw,
-                                    ref_s.as<float>() + g * (gw / 128) * rows, nullptr, rows);
-    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<uint8_t> want_q = download<uint8_t>(ref_q, q_bytes);
-    const std::vector<uint32_t> want_s = download<uint32_t>(ref_s, scales);
-    for (const bool persistent : {true, false}) {
-        SCOPED_TRACE(persistent ? "persistent" : "a block per item");
-        cuda::DeviceBuffer got_q(q_bytes), got_s(scales * 4);
-        CPFILL_CUDA_CHECK(cudaMemset(got_q.as<void>(), 0xab, q_bytes));
-        CPFILL_CUDA_CHECK(cudaMemset(got_s.as<void>(), 0xab, scales * 4));
-        ops::cuda::AttnArgs a = dev.args;
-        a.out = nullptr;
-        a.out_q = got_q.as<uint8_t>();
-        a.out_scale = got_s.as<float>();
-        a.out_group = fc.out_group;
-        a.out_rows = rows;
-        ops::cuda::attention_wg(a, nullptr, persistent);
-        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<uint8_t> q = download<uint8_t>(got_q, q_bytes);
-        const std::vector<uint32_t> sc = download<uint32_t>(got_s, scales);
-        int64_t bad_q = 0, bad_s = 0, first_bad = -1;
-        for (int64_t g = 0; g < groups; ++g)
-            for (int64_t r = 0; r < rows; ++r) {
-                for (int64_t x = 0; x < gw; ++x) {
-                    const int64_t i = (g * rows + r) * gw + x;
-                    const bool ok = r < n_q ? q[i] == want_q[i] : q[i] == 0xab;
-                    bad_q += !ok;
-                    if (!ok && first_bad < 0) first_bad = i;
-                }
-                for (int64_t b = 0; b < gw / 128; ++b) {
-                    const int64_t i = (g * (gw / 128) + b) * rows + r;
-                    bad_s += r < n_q ? sc[i] != want_s[i] : sc[i] != 0xababababu;
-                }
-            }
-        EXPECT_EQ(bad_q, 0) << "first at byte " << first_bad << " of " << q_bytes;
-        EXPECT_EQ(bad_s, 0) << "of " << scales << " scales";
-    }
-}
-
-// 64 heads in the model's groups of 8 with its RoPE; 128 heads (two items per query) with RoPE
-// over fewer channels than a pair of 8; padded groups (24, 80 heads) without RoPE and with a
-// RoPE slice of 2 channels; one group of every head.
-INSTANTIATE_TEST_SUITE_P(Cases, CudaAttentionWgFp8Out,
-                         ::testing::Values(Fp8OutCase{{64, Keys::kCsa, 37}, 8, 64},
-                                           Fp8OutCase{{64, Keys::kSliding, 300}, 8, 64},
-                                           Fp8OutCase{{128, Keys::kHcaDense, 37}, 16, 30},
-                                           Fp8OutCase{{24, Keys::kHca, 37}, 8, 0},
-                                           Fp8OutCase{{80, Keys::kCsaSmall, 37}, 16, 2},
-                                           Fp8OutCase{{16, Keys::kCsa, 5, 60.0f}, 16, 64}),
-                         [](const ::testing::TestParamInfo<Fp8OutCase>& info) {
-                             const Fp8OutCase& c = info.param;
-                             return case_name({c.tc, info.index}) + "_g" +
-                                    std::to_string(c.out_group) + "_rope" +
-                                    std::to_string(c.rope_dim);
-                         });
-
-// One output, and an fp8 one only where it is laid out (and only from attention_wg); said before
-// anything runs (no GPU needed).
-TEST(CudaAttentionTcArgs, Fp8OutputArguments) {
-    ops::cuda::AttnArgs a;
-    a.n_q = 1;
-    a.n_heads = 8;
-    uint8_t q = 0;
-    float scale = 0;
-    a.out_q = &q;
-    a.out_scale = &scale;
-    a.out_group = 3;  // does not divide 8 heads
-    a.out_rows = 1;
-    auto says = [&](auto&& run, const char* what) {
-        try {
-            run();
-            ADD_FAILURE() << "accepted: " << what;
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-        }
-    };
-    says([&] { ops::cuda::attention_wg(a, nullptr); }, "heads per group dividing n_heads (3 of 8)");
-    a.out_group = 8;
-    a.out_rows = 0;
-    says([&] { ops::cuda::attention_wg(a, nullptr); }, "rows for every query (0 of 1)");
-    a.out_rows = 1;
-    says([&] { ops::cuda::attention_tc(a, nullptr); }, "attention_tc: no fp8 output");
-    a.out = kNoOutput;
-    says([&] { ops::cuda::attention_wg(a, nullptr); }, "give one output");
-}
-
 TEST(CudaAttentionTcArgs, RejectsOtherHeadDims) {
     ops::cuda::AttnArgs a;
     a.n_q = 1;
@@ -513,7 +386,6 @@ TEST(CudaAttentionTcArgs, RejectsRopeWithoutFrequencies) {
     ops::cuda::AttnArgs a;
     a.n_q = 1;
     a.n_heads = 8;
-    a.out = kNoOutput;
     a.rope_dim = 64;
     EXPECT_THROW(ops::cuda::attention_tc(a, nullptr), Error);
 }
@@ -540,7 +412,6 @@ TEST(CudaAttentionTcArgs, WgmmaKernelRejectsTheSame) {
     ops::cuda::AttnArgs a;
     a.n_q = 1;
     a.n_heads = 8;
-    a.out = kNoOutput;
     a.head_dim = 256;
     EXPECT_THROW(ops::cuda::attention_wg(a, nullptr), Error);
     a.head_dim = 512;

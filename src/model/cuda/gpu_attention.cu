@@ -72,10 +72,6 @@ void zero_rows(const GpuCtx& c, bf16* x, int64_t begin, int64_t end, int64_t wid
 
 }  // namespace
 
-bool attn_writes_fp8(const ModelConfig& cfg, const GpuLayer& L, bool enabled) {
-    return enabled && L.wo_a.fp8() && oc::attention_fp8_out(cfg.rope_dim);
-}
-
 void gpu_linear(const GpuCtx& c, const GpuMatrix& w, const bf16* x, int64_t ldx, int64_t n,
                 bf16* y_bf16, float* y_f32, int64_t ldy) {
     if (!w.fp8()) {
@@ -193,31 +189,13 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
     const bool csa = L.type == AttnType::CSA;
     const int ratio = cfg.ratio(layer);
     const int K = cfg.index_topk;
-    const int g = cfg.o_groups;
-    const int64_t group_in = Hd / g, ro = cfg.o_rank;
-    // fp8 wo_a on attention_wg: the kernel writes wo_a's quantised inputs into o's buffer
-    // (AttnArgs::out_q; gpu_workspace sizes it): per group [n4, group_in] e4m3, then every group's
-    // scales [group_in / 128, n4], n4 = n rounded up to 4 rows (the block-scaled GEMM's need).
-    const bool fp8_out = attn_writes_fp8(cfg, L, c.attn_fp8_out);
-    const int64_t n4 = (n + 3) / 4 * 4;
-    auto* const oq = reinterpret_cast<uint8_t*>(s.o);
-    auto* const oscale = reinterpret_cast<float*>(oq + n4 * Hd);
-    // The attention writes every row of a segment; the rows between segments (padding) are zeros
-    // (fp8: zero bytes with scale 0).
-    auto zero_gap = [&](int64_t begin, int64_t end) {
-        if (end <= begin) return;
-        if (!fp8_out) return zero_rows(c, s.o, begin, end, Hd);
-        CPFILL_CUDA_CHECK(cudaMemset2DAsync(oq + begin * group_in, n4 * group_in, 0,
-                                            (end - begin) * group_in, g, c.stream));
-        CPFILL_CUDA_CHECK(cudaMemset2DAsync(oscale + begin, n4 * sizeof(float), 0,
-                                            (end - begin) * sizeof(float), Hd / 128, c.stream));
-    };
+    // The attention writes every row of a segment; the rows between segments (padding) are zeros.
     int64_t covered = 0;
     for (const LocalSegment& seg : rows.segments) {
-        zero_gap(covered, seg.begin);
+        zero_rows(c, s.o, covered, seg.begin, Hd);
         covered = seg.end;
     }
-    zero_gap(covered, fp8_out ? n4 : n);
+    zero_rows(c, s.o, covered, n, Hd);
     if (csa) CPFILL_CUDA_CHECK(cudaMemsetAsync(s.topk, 0xff, n * K * sizeof(int32_t), c.stream));
     for (const LocalSegment& seg : rows.segments) {
         const GpuLayerKv& kv = store[seg.request][layer];
@@ -261,14 +239,7 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         }
         a.sinks = L.sink.as<float>();
         a.scale = 1.0f / std::sqrt(float(d));
-        if (fp8_out) {
-            a.out_q = oq + b * group_in;
-            a.out_scale = oscale + b;
-            a.out_group = H / g;
-            a.out_rows = n4;
-        } else {
-            a.out = s.o + b * Hd;
-        }
+        a.out = s.o + b * Hd;
         // q as projected: normed and rotated as it is loaded, the output de-rotated in the kernel.
         a.q_norm = true;
         a.q_norm_eps = float(cfg.norm_eps);
@@ -277,6 +248,8 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
         oc::attention(a, c.stream);
     }
     c.phase(Phase::Attention);
+    const int g = cfg.o_groups;
+    const int64_t group_in = Hd / g, ro = cfg.o_rank;
     // wo_a: group gi's rows [gi · ro, (gi + 1) · ro) of the weight on columns [gi · group_in, …)
     // of o (ro a multiple of 128 when fp8: its scale tiles are whole row tiles of the group).
     for (int gi = 0; gi < g; ++gi) {
@@ -287,17 +260,11 @@ void gpu_attn_output(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L, in
                           s.yo + gi * ro, nullptr, g * ro, false, c.stream);
             continue;
         }
-        const int64_t tiles_per_row = oc::fp8_weight_scales(128, group_in, w.blocks());
-        const uint8_t* const wg = w.data.as<uint8_t>() + gi * ro * group_in;
-        const float* const wg_scale = w.scale.as<float>() + gi * (ro / 128) * tiles_per_row;
-        if (fp8_out) {  // all n4 rows: yo has them (the pad rows come out 0)
-            oc::gemm_fp8(*c.gemm, oq + gi * n4 * group_in, oscale + gi * (group_in / 128) * n4, n4,
-                         group_in, wg, wg_scale, w.blocks(), ro, s.yo + gi * ro, nullptr, g * ro,
-                         c.stream);
-            continue;
-        }
         CPFILL_CHECK(c.fp8 != nullptr, "an fp8 weight but no fp8 scratch in the workspace");
-        oc::fp8_linear(*c.gemm, *c.fp8, x, Hd, n, group_in, wg, wg_scale, w.blocks(), ro,
+        const int64_t tiles_per_row = oc::fp8_weight_scales(128, group_in, w.blocks());
+        oc::fp8_linear(*c.gemm, *c.fp8, x, Hd, n, group_in,
+                       w.data.as<uint8_t>() + gi * ro * group_in,
+                       w.scale.as<float>() + gi * (ro / 128) * tiles_per_row, w.blocks(), ro,
                        s.yo + gi * ro, nullptr, g * ro, c.stream);
     }
     linear(c, s.yo, n, L.wo_b, out, D);

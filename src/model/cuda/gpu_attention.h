@@ -62,10 +62,6 @@ struct GpuAttnScratch {
     const int64_t* win_pos_hca = nullptr;  // [max entries] w · hca_ratio
 };
 
-// Whether layer L's attention writes wo_a's inputs in fp8 (AttnArgs::out_q): wo_a is fp8, the
-// attention runs attention_wg, and `enabled` (GpuRunOptions::attn_fp8_out).
-bool attn_writes_fp8(const ModelConfig& cfg, const GpuLayer& L, bool enabled);
-
 // y[n, out] (bf16 or fp32, row stride ldy) = x[n, in] (bf16, row stride ldx) · wᵀ: bf16 GEMM, or
 // for an fp8 matrix the activation quantised into c.fp8 and the block-scaled GEMM.
 void gpu_linear(const GpuCtx& c, const GpuMatrix& w, const bf16* x, int64_t ldx, int64_t n,

@@ -48,8 +48,6 @@ struct GpuCtx {
     const AbortFlag* flag = nullptr;
     std::chrono::milliseconds deadline{600000};
     PhaseTimer* timer = nullptr;
-    // fp8 wo_a: the attention kernel writes its quantised inputs where it can (GpuRunOptions).
-    bool attn_fp8_out = true;
     void phase(Phase p) const {
         if (timer && timer->enabled()) timer->begin(p, stream);
     }

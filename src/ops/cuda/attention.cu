@@ -47,8 +47,6 @@ const char* attention_kernel_name(AttnKernel k) {
     return k == AttnKernel::Wg ? "attention_wg" : k == AttnKernel::Tc ? "attention_tc" : "auto";
 }
 
-bool attention_fp8_out(int rope_dim) { return attention_kernel_for(rope_dim) == AttnKernel::Wg; }
-
 void attention(const AttnArgs& a, cudaStream_t stream) {
     if (attention_kernel_for(a.rope_dim) == AttnKernel::Wg)
         attention_wg(a, stream);
@@ -66,13 +64,6 @@ void check_attention_args(const AttnArgs& a, const char* kernel) {
                  a.idx_stride);
     CPFILL_CHECK(aligned16(a.q) && aligned16(a.window) && aligned16(a.entries) && aligned16(a.out),
                  "{}: q, window, entries and out must be 16-byte aligned", kernel);
-    CPFILL_CHECK((a.out == nullptr) != (a.out_q == nullptr),
-                 "{}: give one output, out (bf16) or out_q (fp8)", kernel);
-    CPFILL_CHECK(a.out_q == nullptr || (a.out_scale != nullptr && a.out_group >= 1 &&
-                                        a.n_heads % a.out_group == 0 && a.out_rows >= a.n_q),
-                 "{}: an fp8 output needs scales, heads per group dividing n_heads ({} of {}) and "
-                 "rows for every query ({} of {})",
-                 kernel, a.out_group, a.n_heads, a.out_rows, a.n_q);
     CPFILL_CHECK(a.rope_dim >= 0 && a.rope_dim <= 512 && a.rope_dim % 2 == 0 &&
                      (a.rope_dim == 0 || a.inv_freq != nullptr),
                  "{}: rope_dim {} (even, at most 512) needs inv_freq (found {})", kernel,

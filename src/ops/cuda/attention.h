@@ -38,17 +38,6 @@ struct AttnArgs {
     const float* sinks = nullptr;  // fp32 [n_heads]
     float scale = 0.0f;            // 1 / sqrt(head_dim)
     __nv_bfloat16* out = nullptr;  // [n_q, n_heads, head_dim]
-    // Or (out null, attention_wg only: attention_fp8_out) the output quantised to e4m3 per 128
-    // channels of each query's row, bit for bit what quantize_act_fp8 (ops/cuda/fp8.h) makes of
-    // the bf16 output, laid out as the inputs of per-group GEMMs over out_group heads: group
-    // g = h / out_group holds [out_rows, out_group · head_dim] e4m3 rows at out_q + g · out_rows ·
-    // out_group · head_dim, query i's in row i, and its scales [out_group · head_dim / 128,
-    // out_rows] (token fastest) at out_scale + g · out_group · head_dim / 128 · out_rows. Rows
-    // past n_q are the caller's.
-    uint8_t* out_q = nullptr;
-    float* out_scale = nullptr;
-    int out_group = 0;     // heads per group; divides n_heads
-    int64_t out_rows = 0;  // ≥ n_q
     // The caller's passes over q and out folded into the kernel (default off), fp32 with one
     // rounding: q ← q / sqrt(mean(q²) + q_norm_eps) per head (no weight), then RoPE on the last
     // rope_dim channels of each q head and the inverse RoPE on those of each out head, as
@@ -88,9 +77,6 @@ void attention(const AttnArgs& a, cudaStream_t stream);
 // name ("attention_tc", "attention_wg"), for reports.
 AttnKernel attention_kernel_for(int rope_dim);
 const char* attention_kernel_name(AttnKernel k);
-// Whether attention() takes an fp8 output (AttnArgs::out_q) for queries with this rope_dim: where
-// it runs attention_wg.
-bool attention_fp8_out(int rope_dim);
 
 // The argument checks both kernels make (head_dim 512, counts, alignment, RoPE frequencies); the
 // error names `kernel`.

@@ -31,7 +31,6 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_device.cuh"
-#include "ops/cuda/fp8_device.cuh"
 #include "ops/cuda/ptx.cuh"
 #include "ops/cuda/wgmma.cuh"
 #include "ops/cuda/wgmma_bf16.cuh"
@@ -80,13 +79,12 @@ struct WgSmem {
     alignas(1024) unsigned char p[2][kBlockBytes];  // each tile's P [64 heads × 64 keys]
     float m[kM];                                    // the row max handed between the warpgroups
     float sum[2][kM];                               // each warpgroup's row sums at the end
-    float amax[kM];        // fp8 output: the largest magnitude of each row's last 128-channel block
-    int count[2][4];       // the copy warps' key counts, by item parity
-    int n_keys;            // the item's key count (with Q)
-    uint64_t q_full;       // Q landed (and n_keys written)
-    uint64_t q_empty;      // every logits MMA of the item done
-    uint64_t full[2][2];   // [buffer][half] landed
-    uint64_t empty[2][2];  // [buffer][half] read by its last MMA
+    int count[2][4];                                // the copy warps' key counts, by item parity
+    int n_keys;                                     // the item's key count (with Q)
+    uint64_t q_full;                                // Q landed (and n_keys written)
+    uint64_t q_empty;                               // every logits MMA of the item done
+    uint64_t full[2][2];                            // [buffer][half] landed
+    uint64_t empty[2][2];                           // [buffer][half] read by its last MMA
 };
 
 // Byte offset of 16-byte chunk c (0 … 63) of row r in a [64 rows × 512 channels] swizzled tile.
@@ -246,169 +244,6 @@ __device__ void copy_warpgroup(WgSmem& s, const AttnArgs& a, int64_t n_items) {
     }
 }
 
-// 1 / the denominator of row r's softmax: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M =
-// max(m, sink) — the sink in the denominator only. (Padded rows get a finite value, unused.)
-__device__ __forceinline__ float row_inv(const WgSmem& s, const AttnArgs& a, const Item& it, int r,
-                                         float m) {
-    const float sink = r < it.n_q_rows ? a.sinks[it.h0 + r] * kLog2e : 0.0f;
-    const float mm = fmaxf(m, sink), f = exp2f(m - mm);
-    return f / ((s.sum[0][r] + s.sum[1][r]) * f + exp2f(sink - mm));
-}
-
-// The item's output as bf16. The channel pairs (256·wg + 8j + 2c4, +1) of rows row0 and row1 go
-// out straight from the registers (the Q buffer may already hold the next item's Q), those of
-// the RoPE slice as fp32 to the P tiles first: their inverse rotation is a pass of its own, so
-// that no sincosf sits in the unrolled loop beside O's registers.
-__device__ __forceinline__ void store_bf16(WgSmem& s, const AttnArgs& a, const Item& it,
-                                           const float (&o)[128], float m0, float m1, int wg,
-                                           int c4, int row0, int row1, int tid, int rope0,
-                                           int64_t p) {
-    __nv_bfloat16* const out_rows = a.out + (it.t * a.n_heads + it.h0) * kHeadDim;
-    float* const rope_rows = reinterpret_cast<float*>(s.p);  // [64 rows × rope_dim]
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = half ? row1 : row0;
-        if (r < it.n_q_rows) {
-            const float inv = row_inv(s, a, it, r, half ? m1 : m0);
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                const int ch = wg * (kHeadDim / 2) + j * 8 + 2 * c4;
-                const float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
-                if (ch >= rope0)
-                    *reinterpret_cast<float2*>(&rope_rows[r * a.rope_dim + ch - rope0]) = {x, y};
-                else
-                    *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + ch]) = bf16x2(x, y);
-            }
-        }
-    }
-    if (a.rope_dim == 0) return;
-    named_barrier_sync(kBarRope, kComputeThreads);
-    const int pairs = a.rope_dim / 2;
-    for (int x = tid; x < it.n_q_rows * pairs; x += kComputeThreads) {
-        const int r = x / pairs, j = x % pairs;
-        const float2 v = *reinterpret_cast<const float2*>(&rope_rows[r * a.rope_dim + 2 * j]);
-        float u = v.x, w = v.y, cs, sn;
-        rope_device::cos_sin(a.inv_freq, j, static_cast<float>(p), true, cs, sn);
-        rope_device::rotate(u, w, cs, sn);
-        *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + rope0 + 2 * j]) = bf16x2(u, w);
-    }
-}
-
-// The item's output as e4m3 (AttnArgs::out_q): each 128-channel block of a head's row rounded to
-// bf16 as store_bf16 stores it, then quantised as quantize_act_fp8 quantises those bf16 values
-// (fp8_device::quantize_block: scale amax / 448, or 1 when all are 0; each value / scale to e4m3,
-// nearest, saturating). Block 2·wg + j / 16 of row r lies in the registers of the quad that holds
-// r, 32 values a lane, so its amax takes two shuffles. The block holding the RoPE slice (the last:
-// rope_dim ≤ 64) waits for the inverse rotation: the registers' part of its amax goes to s.amax,
-// the rotated values' join it by atomicMax (non-negative floats order as their bits), and both
-// parts are quantised after a second barrier.
-__device__ __forceinline__ void store_fp8(WgSmem& s, const AttnArgs& a, const Item& it,
-                                          const float (&o)[128], float m0, float m1, int wg, int c4,
-                                          int row0, int row1, int tid, int rope0, int64_t p) {
-    using fp8_device::e4m3_scale;
-    constexpr int kBlocks = kHeadDim / 128;
-    const int gw = a.out_group * kHeadDim;  // bytes of a group's row
-    auto q_row = [&](int r) {               // head it.h0 + r's 512 bytes
-        const int h = it.h0 + r, g = h / a.out_group;
-        return a.out_q + (static_cast<int64_t>(g) * a.out_rows + it.t) * gw +
-               (h - g * a.out_group) * kHeadDim;
-    };
-    auto scale_of = [&](int r, int blk) {
-        const int h = it.h0 + r, g = h / a.out_group;
-        return a.out_scale +
-               (static_cast<int64_t>(g) * (gw / 128) + (h - g * a.out_group) * kBlocks + blk) *
-                   a.out_rows +
-               it.t;
-    };
-    auto store2 = [](uint8_t* dst, float2 v, float sc) {
-        *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(
-            __nv_cvt_float2_to_fp8x2(make_float2(v.x / sc, v.y / sc), __NV_SATFINITE, __NV_E4M3));
-    };
-    float* const rope_rows = reinterpret_cast<float*>(s.p);  // [64 rows × rope_dim]
-    const int rope_blk = rope0 / 128;                        // kBlocks: none
-    float inv[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = half ? row1 : row0;
-        const bool valid = r < it.n_q_rows;
-        inv[half] = row_inv(s, a, it, r, half ? m1 : m0);
-        auto rounded = [&](int j) {
-            return unpack_bf16x2(
-                bf16x2(o[4 * j + 2 * half] * inv[half], o[4 * j + 2 * half + 1] * inv[half]));
-        };
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-            const int blk = 2 * wg + kk;
-            float amax = 0.0f;
-#pragma unroll
-            for (int j = 16 * kk; j < 16 * kk + 16; ++j) {
-                const int ch = wg * (kHeadDim / 2) + j * 8 + 2 * c4;
-                if (ch >= rope0) {
-                    if (valid)
-                        *reinterpret_cast<float2*>(&rope_rows[r * a.rope_dim + ch - rope0]) = {
-                            o[4 * j + 2 * half] * inv[half], o[4 * j + 2 * half + 1] * inv[half]};
-                } else {
-                    const float2 v = rounded(j);
-                    amax = fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y)));
-                }
-            }
-            amax = quad_max(amax);  // every lane: the shuffles need the whole warp
-            if (!valid) continue;
-            if (blk == rope_blk) {
-                if (c4 == 0) s.amax[r] = amax;
-                continue;
-            }
-            const float sc = e4m3_scale(amax);
-            uint8_t* const dst = q_row(r);
-#pragma unroll
-            for (int j = 16 * kk; j < 16 * kk + 16; ++j)
-                store2(dst + wg * (kHeadDim / 2) + j * 8 + 2 * c4, rounded(j), sc);
-            if (c4 == 0) *scale_of(r, blk) = sc;
-        }
-    }
-    if (a.rope_dim == 0) return;
-    named_barrier_sync(kBarRope, kComputeThreads);
-    const int pairs = a.rope_dim / 2;
-    for (int x = tid; x < it.n_q_rows * pairs; x += kComputeThreads) {
-        const int r = x / pairs, j = x % pairs;
-        float2* const v = reinterpret_cast<float2*>(&rope_rows[r * a.rope_dim + 2 * j]);
-        float u = v->x, w = v->y, cs, sn;
-        rope_device::cos_sin(a.inv_freq, j, static_cast<float>(p), true, cs, sn);
-        rope_device::rotate(u, w, cs, sn);
-        *v = unpack_bf16x2(bf16x2(u, w));
-        const float m = fmaxf(fabsf(v->x), fabsf(v->y));
-        if (m > 0.0f)  // a NaN is left out, as fmaxf leaves it out of the registers' part
-            atomicMax(reinterpret_cast<int*>(&s.amax[r]), __float_as_int(m));
-    }
-    named_barrier_sync(kBarRope, kComputeThreads);
-    for (int x = tid; x < it.n_q_rows * pairs; x += kComputeThreads) {
-        const int r = x / pairs, j = x % pairs;
-        const float sc = e4m3_scale(s.amax[r]);
-        store2(q_row(r) + rope0 + 2 * j,
-               *reinterpret_cast<const float2*>(&rope_rows[r * a.rope_dim + 2 * j]), sc);
-        if (j == 0) *scale_of(r, rope_blk) = sc;
-    }
-    if (wg == 0) return;  // the registers' part of the RoPE block (WG1's channels 384 …)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = half ? row1 : row0;
-        if (r >= it.n_q_rows) continue;
-        const float sc = e4m3_scale(s.amax[r]);
-        uint8_t* const dst = q_row(r);
-#pragma unroll
-        for (int j = 16; j < 32; ++j) {
-            const int ch = kHeadDim / 2 + j * 8 + 2 * c4;
-            if (ch < rope0)
-                store2(dst + ch,
-                       unpack_bf16x2(bf16x2(o[4 * j + 2 * half] * inv[half],
-                                            o[4 * j + 2 * half + 1] * inv[half])),
-                       sc);
-        }
-    }
-}
-
-// kFp8Out: the output quantised per 128 channels (AttnArgs::out_q) instead of bf16 (out).
-template <bool kFp8Out>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wg_kernel(const __grid_constant__ AttnArgs a, int64_t n_items) {
     extern __shared__ unsigned char smem_raw[];
@@ -664,11 +499,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_barrier_sync(kBarSum, kComputeThreads);  // also: every MMA reading P is done
 
         // Sink in the denominator only: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M = max(m,
-        // sink).
-        if constexpr (kFp8Out)
-            store_fp8(s, a, it, o, m0, m1, wg, c4, row0, row1, tid, rope0, p);
-        else
-            store_bf16(s, a, it, o, m0, m1, wg, c4, row0, row1, tid, rope0, p);
+        // sink). The channel pairs (256·wg + 8j + 2c4, +1) go out as bf16 straight from the
+        // registers (the Q buffer may already hold the next item's Q), those of the RoPE slice as
+        // fp32 to the P tiles first: their inverse rotation is a pass of its own, so that no
+        // sincosf sits in the unrolled loop beside O's registers.
+        __nv_bfloat16* const out_rows = a.out + (it.t * a.n_heads + it.h0) * kHeadDim;
+        float* const rope_rows = reinterpret_cast<float*>(s.p);  // [64 rows × rope_dim]
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = half ? row1 : row0;
+            if (r < it.n_q_rows) {
+                const float m = half ? m1 : m0, sink = a.sinks[it.h0 + r] * kLog2e;
+                const float mm = fmaxf(m, sink), f = exp2f(m - mm);
+                const float inv = f / ((s.sum[0][r] + s.sum[1][r]) * f + exp2f(sink - mm));
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    const int ch = wg * (kHeadDim / 2) + j * 8 + 2 * c4;
+                    const float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
+                    if (ch >= rope0)
+                        *reinterpret_cast<float2*>(&rope_rows[r * a.rope_dim + ch - rope0]) = {x,
+                                                                                               y};
+                    else
+                        *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + ch]) = bf16x2(x, y);
+                }
+            }
+        }
+        if (a.rope_dim > 0) {
+            named_barrier_sync(kBarRope, kComputeThreads);
+            const int pairs = a.rope_dim / 2;
+            for (int x = tid; x < it.n_q_rows * pairs; x += kComputeThreads) {
+                const int r = x / pairs, j = x % pairs;
+                const float2 v =
+                    *reinterpret_cast<const float2*>(&rope_rows[r * a.rope_dim + 2 * j]);
+                float u = v.x, w = v.y, cs, sn;
+                rope_device::cos_sin(a.inv_freq, j, static_cast<float>(p), true, cs, sn);
+                rope_device::rotate(u, w, cs, sn);
+                *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + rope0 + 2 * j]) =
+                    bf16x2(u, w);
+            }
+        }
         named_barrier_sync(kBarOut, kComputeThreads);  // s.sum and the P tiles are free again
     }
 }
@@ -685,9 +554,8 @@ void attention_wg(const AttnArgs& a, cudaStream_t stream, bool persistent) {
     CPFILL_CHECK(attention_wg_supported(),
                  "attention_wg: this GPU cannot run it (compute capability 9.0 / sm_90a needed)");
     const int smem = static_cast<int>(sizeof(WgSmem)) + 1024;  // + the base's alignment
-    auto* const kernel = a.out_q ? attention_wg_kernel<true> : attention_wg_kernel<false>;
-    CPFILL_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(attention_wg_kernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int64_t items = a.n_q * ((a.n_heads + kM - 1) / kM);
     int device = 0, sms = 0;
     CPFILL_CUDA_CHECK(cudaGetDevice(&device));
@@ -695,7 +563,7 @@ void attention_wg(const AttnArgs& a, cudaStream_t stream, bool persistent) {
     const int64_t blocks = persistent ? std::min<int64_t>(items, sms) : items;
     CPFILL_CHECK(blocks <= 0x7fffffff, "attention_wg: {} queries × head groups in one call",
                  blocks);
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a, items);
+    attention_wg_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(a, items);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -10,7 +10,6 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/progress.h"
-#include "model/cuda/gpu_attention.h"
 #include "model/cuda/gpu_weights.h"
 #include "model/cuda/stored_reader.h"
 #include "model/weight_bytes.h"
@@ -536,7 +535,6 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
     for (const auto& L : w0.layers) {
         st.grouped_fp8_layers += cuda::experts_grouped_fp8(L, grouped_ok);
         st.grouped_bf16_layers += cuda::experts_grouped_bf16(w0, L, grouped_ok);
-        st.attn_fp8_out_layers += cuda::attn_writes_fp8(w0.cfg, L, opt.attn_fp8_out);
     }
     st.n_tokens = plan.n_tokens;
     for (auto& r : g.ranks) {

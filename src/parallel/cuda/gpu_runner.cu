@@ -99,7 +99,6 @@ class Runner final : public RankBackend {
         ctx_.flag = &flag;
         ctx_.deadline = deadline;
         ctx_.timer = &timer_;
-        ctx_.attn_fp8_out = opt.attn_fp8_out;
         route_ctx_ = ctx_;
         route_ctx_.stream = dev.route;
         route_ctx_.gemm = dev.gemm_route.get();

@@ -145,11 +145,8 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
     GpuAttnScratch& s = w.attn;
     s.cq = a.template take<bf16>(n * cfg.q_rank);
     s.q = a.template take<bf16>(n * Hd);
-    // o also holds the attention's fp8 output (gpu_attn_output): e4m3 and fp32 scales per 128
-    // channels of n rounded up to 4 rows, which the fp8 wo_a GEMMs write into yo.
-    const int64_t n4 = (n + 3) / 4 * 4;
-    s.o = a.template take<bf16>(std::max(n * Hd, (n4 * Hd + n4 * Hd / 128 * 4 + 1) / 2));
-    s.yo = a.template take<bf16>(n4 * cfg.o_groups * cfg.o_rank);
+    s.o = a.template take<bf16>(n * Hd);
+    s.yo = a.template take<bf16>(n * cfg.o_groups * cfg.o_rank);
     s.qI = a.template take<bf16>(n * cfg.index_n_heads * cfg.index_head_dim);
     s.wI = a.template take<float>(n * cfg.index_n_heads);
     s.topk = a.template take<int32_t>(n * cfg.index_topk);
