@@ -432,7 +432,8 @@ TEST(CudaAttentionTcArgs, WgmmaKernelRejectsTheSame) {
 
 // Rates (information, not pass/fail; scripts/attention-tc-check.sh runs them): 16384 consecutive
 // queries, 64 heads, 128 window keys plus 512 chosen entries (CSA) or 256 entries (HCA) each.
-// Queries repeat a 64-query random block (the rate does not depend on the values).
+// Queries repeat a 64-query random block (the rate does not depend on the values). attention_wg
+// also with q's norm and RoPE folded, as the model runs it.
 void print_rates(const char* name, int64_t first_pos, int ratio, int64_t n_entries, int64_t top_k) {
     constexpr int64_t kQueries = 16384, kBlock = 64;
     constexpr int kHeads = 64;
@@ -469,6 +470,17 @@ void print_rates(const char* name, int64_t first_pos, int ratio, int64_t n_entri
 
     const double flops =
         ops::cuda::attention_flops(dev.args, c.pos.data(), top_k > 0 ? d.idx.data() : nullptr);
+    if (ops::cuda::attention_wg_supported()) {  // as the model calls it: q's norm and RoPE folded
+        const ops::RopeTable rope(RopeParams{}, kRopeDim);
+        const cuda::DeviceBuffer inv_freq = upload(rope.inv_freq());
+        ops::cuda::AttnArgs folded = dev.args;
+        fold_norm_rope(folded, inv_freq);
+        const double ms = time_ms([&] { ops::cuda::attention_wg(folded, nullptr); }, 10);
+        std::printf(
+            "[ rate ] %s %lld queries x %d heads: attention_wg with q's norm and RoPE "
+            "folded %.2f ms %.1f TFLOP/s\n",
+            name, static_cast<long long>(kQueries), kHeads, ms, flops / ms * 1e-9);
+    }
     for (const Kernel& k : kernels()) {
         const double ms = time_ms([&] { k.run(dev.args, nullptr); }, 10);
         std::printf(

@@ -79,12 +79,13 @@ struct WgSmem {
     alignas(1024) unsigned char p[2][kBlockBytes];  // each tile's P [64 heads × 64 keys]
     float m[kM];                                    // the row max handed between the warpgroups
     float sum[2][kM];                               // each warpgroup's row sums at the end
-    int count[2][4];                                // the copy warps' key counts, by item parity
-    int n_keys;                                     // the item's key count (with Q)
-    uint64_t q_full;                                // Q landed (and n_keys written)
-    uint64_t q_empty;                               // every logits MMA of the item done
-    uint64_t full[2][2];                            // [buffer][half] landed
-    uint64_t empty[2][2];                           // [buffer][half] read by its last MMA
+    float2 rope_cs[kMaxRopeDim / 2];  // the item's inverse RoPE angles: (cos, −sin) per pair
+    int count[2][4];                  // the copy warps' key counts, by item parity
+    int n_keys;                       // the item's key count (with Q)
+    uint64_t q_full;                  // Q landed (and n_keys written)
+    uint64_t q_empty;                 // every logits MMA of the item done
+    uint64_t full[2][2];              // [buffer][half] landed
+    uint64_t empty[2][2];             // [buffer][half] read by its last MMA
 };
 
 // Byte offset of 16-byte chunk c (0 … 63) of row r in a [64 rows × 512 channels] swizzled tile.
@@ -502,9 +503,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         // sink). The channel pairs (256·wg + 8j + 2c4, +1) go out as bf16 straight from the
         // registers (the Q buffer may already hold the next item's Q), those of the RoPE slice as
         // fp32 to the P tiles first: their inverse rotation is a pass of its own, so that no
-        // sincosf sits in the unrolled loop beside O's registers.
+        // sincosf sits in the unrolled loop beside O's registers; its angles are the same for all
+        // 64 heads of the item, computed once per pair (the first warp) into s.rope_cs.
         __nv_bfloat16* const out_rows = a.out + (it.t * a.n_heads + it.h0) * kHeadDim;
         float* const rope_rows = reinterpret_cast<float*>(s.p);  // [64 rows × rope_dim]
+        if (tid < a.rope_dim / 2) {  // one angle per pair: every head of the item is at p
+            float cs, sn;
+            rope_device::cos_sin(a.inv_freq, tid, static_cast<float>(p), true, cs, sn);
+            s.rope_cs[tid] = {cs, sn};
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int r = half ? row1 : row0;
@@ -531,9 +538,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int r = x / pairs, j = x % pairs;
                 const float2 v =
                     *reinterpret_cast<const float2*>(&rope_rows[r * a.rope_dim + 2 * j]);
-                float u = v.x, w = v.y, cs, sn;
-                rope_device::cos_sin(a.inv_freq, j, static_cast<float>(p), true, cs, sn);
-                rope_device::rotate(u, w, cs, sn);
+                const float2 cs = s.rope_cs[j];
+                float u = v.x, w = v.y;
+                rope_device::rotate(u, w, cs.x, cs.y);
                 *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + rope0 + 2 * j]) =
                     bf16x2(u, w);
             }
