@@ -23,8 +23,9 @@
 // row sums of the rounded values, the sink in the denominator only; keys past the list are zero
 // rows with logit −∞. Shared tiles are K-major rows of 128 bytes in the 128-byte swizzle (8 blocks
 // of 64 channels, each 64 rows × 128 bytes). The optional prologue (q_norm, rope_dim) runs on the
-// 8 compute warps once Q has landed; the output goes out from the registers as bf16, its RoPE
-// slice first staged in fp32 (in the P tiles) for the inverse rotation. The schedule follows the
+// 8 compute warps once Q has landed (the first warp also keeps the item's RoPE angles in shared
+// memory); the output goes out from the registers as bf16, its RoPE pairs (both channels of a pair
+// in one thread) rotated back there with those angles. The schedule follows the
 // one FlashMLA's sparse prefill kernel uses (docs/performance-notes.md, session 32).
 #include <algorithm>
 #include <cstdint>
@@ -66,11 +67,10 @@ constexpr int kBarMax1 = 3;        // WG1's new row max (over both tiles) in s.m
 constexpr int kBarP0 = 4;          // WG0's P in s.p[0]
 constexpr int kBarP1 = 5;          // WG1's P in s.p[1]
 constexpr int kBarSum = 6;         // both row sums in s.sum
-constexpr int kBarRope = 7;        // the RoPE slice staged in fp32
-constexpr int kBarOut = 8;         // the output written
-constexpr int kBarCount = 9;       // the copy warpgroup's partial key counts (its 128 threads)
+constexpr int kBarOut = 7;         // the output written
+constexpr int kBarCount = 8;       // the copy warpgroup's partial key counts (its 128 threads)
 constexpr int kNoRow = INT32_MIN;  // a key past the list (copied as zeros)
-constexpr int kMaxRopeDim = kBlockBytes * 2 / (kM * 4);  // the P tiles stage the RoPE slice: 64
+constexpr int kMaxRopeDim = 64;    // the RoPE slice, within the last 128-channel block
 static_assert(kMaxRopeDim == kWgMaxRopeDim, "attention.h's kWgMaxRopeDim is this kernel's limit");
 
 struct WgSmem {
@@ -79,13 +79,13 @@ struct WgSmem {
     alignas(1024) unsigned char p[2][kBlockBytes];  // each tile's P [64 heads × 64 keys]
     float m[kM];                                    // the row max handed between the warpgroups
     float sum[2][kM];                               // each warpgroup's row sums at the end
-    float2 rope_cs[kMaxRopeDim / 2];  // the item's inverse RoPE angles: (cos, −sin) per pair
-    int count[2][4];                  // the copy warps' key counts, by item parity
-    int n_keys;                       // the item's key count (with Q)
-    uint64_t q_full;                  // Q landed (and n_keys written)
-    uint64_t q_empty;                 // every logits MMA of the item done
-    uint64_t full[2][2];              // [buffer][half] landed
-    uint64_t empty[2][2];             // [buffer][half] read by its last MMA
+    float2 rope_cs[kMaxRopeDim / 2];                // the item's RoPE angles: (cos, sin) per pair
+    int count[2][4];                                // the copy warps' key counts, by item parity
+    int n_keys;                                     // the item's key count (with Q)
+    uint64_t q_full;                                // Q landed (and n_keys written)
+    uint64_t q_empty;                               // every logits MMA of the item done
+    uint64_t full[2][2];                            // [buffer][half] landed
+    uint64_t empty[2][2];                           // [buffer][half] read by its last MMA
 };
 
 // Byte offset of 16-byte chunk c (0 … 63) of row r in a [64 rows × 512 channels] swizzled tile.
@@ -295,6 +295,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int n_pairs = (n_keys + 2 * kTile - 1) / (2 * kTile);
         if (a.q_norm || a.rope_dim > 0) {
             const LaneRope rope = lane_rope(lane, a.rope_dim, a.inv_freq, static_cast<float>(p));
+            if (tid < 32)  // the angles for the output's inverse rotation (all heads are at p)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const int c = h * kHeadDim / 2 + lane * 8 + 2 * k;
+                        if (c >= rope0) s.rope_cs[(c - rope0) / 2] = {rope.cs[h][k], rope.sn[h][k]};
+                    }
             for (int r = tid >> 5; r < it.n_q_rows; r += kComputeThreads / 32)
                 norm_rope_row(reinterpret_cast<uint4*>(s.q + swz(r, lane)),
                               reinterpret_cast<uint4*>(s.q + swz(r, lane + 32)), a.q_norm,
@@ -501,17 +509,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         // Sink in the denominator only: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M = max(m,
         // sink). The channel pairs (256·wg + 8j + 2c4, +1) go out as bf16 straight from the
-        // registers (the Q buffer may already hold the next item's Q), those of the RoPE slice as
-        // fp32 to the P tiles first: their inverse rotation is a pass of its own, so that no
-        // sincosf sits in the unrolled loop beside O's registers; its angles are the same for all
-        // 64 heads of the item, computed once per pair (the first warp) into s.rope_cs.
+        // registers (the Q buffer may already hold the next item's Q); a pair of the RoPE slice is
+        // rotated back first, with the prologue's angles (s.rope_cs, written before kBarQ).
         __nv_bfloat16* const out_rows = a.out + (it.t * a.n_heads + it.h0) * kHeadDim;
-        float* const rope_rows = reinterpret_cast<float*>(s.p);  // [64 rows × rope_dim]
-        if (tid < a.rope_dim / 2) {  // one angle per pair: every head of the item is at p
-            float cs, sn;
-            rope_device::cos_sin(a.inv_freq, tid, static_cast<float>(p), true, cs, sn);
-            s.rope_cs[tid] = {cs, sn};
-        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int r = half ? row1 : row0;
@@ -522,30 +522,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
                     const int ch = wg * (kHeadDim / 2) + j * 8 + 2 * c4;
-                    const float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
-                    if (ch >= rope0)
-                        *reinterpret_cast<float2*>(&rope_rows[r * a.rope_dim + ch - rope0]) = {x,
-                                                                                               y};
-                    else
-                        *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + ch]) = bf16x2(x, y);
+                    float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
+                    // (j first: compile-time, only the last kMaxRopeDim channels can be rotated)
+                    if (j * 8 >= kHeadDim / 2 - kMaxRopeDim && ch >= rope0) {
+                        const float2 cs = s.rope_cs[(ch - rope0) / 2];
+                        rope_device::rotate(x, y, cs.x, -cs.y);
+                    }
+                    *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + ch]) = bf16x2(x, y);
                 }
             }
         }
-        if (a.rope_dim > 0) {
-            named_barrier_sync(kBarRope, kComputeThreads);
-            const int pairs = a.rope_dim / 2;
-            for (int x = tid; x < it.n_q_rows * pairs; x += kComputeThreads) {
-                const int r = x / pairs, j = x % pairs;
-                const float2 v =
-                    *reinterpret_cast<const float2*>(&rope_rows[r * a.rope_dim + 2 * j]);
-                const float2 cs = s.rope_cs[j];
-                float u = v.x, w = v.y;
-                rope_device::rotate(u, w, cs.x, cs.y);
-                *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + rope0 + 2 * j]) =
-                    bf16x2(u, w);
-            }
-        }
-        named_barrier_sync(kBarOut, kComputeThreads);  // s.sum and the P tiles are free again
+        named_barrier_sync(kBarOut, kComputeThreads);  // s.sum and s.rope_cs are free again
     }
 }
 
