@@ -126,6 +126,20 @@ void add_indexer_option(CLI::App& c, std::string& value) {
         ->capture_default_str();
 }
 
+void add_collectives_option(CLI::App& c, std::string& value) {
+    c.add_option("--collectives", value,
+                 "cuda: how the GPU ranks exchange rows: nccl, or ce (peer copies by the GPUs' "
+                 "copy engines, no SMs; every rank in this process, not under mpirun)")
+        ->check(CLI::IsMember({"nccl", "ce"}))
+        ->each([](const std::string& v) {
+            // Before CUDA starts (parsing comes first): room for every stream a rank keeps, so
+            // that a stream waiting on a peer's flag never shares a hardware queue with work
+            // that peer's flag needs (docs/parallel.md). A value the user set stays.
+            if (v == "ce") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+        })
+        ->capture_default_str();
+}
+
 void add_residual_option(CLI::App& c, std::string& value) {
     c.add_option("--residual", value,
                  "how the mHC residual streams are kept between sites: fp32, or bf16 as the "

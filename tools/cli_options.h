@@ -36,6 +36,8 @@ std::string error_line(const std::exception& e);
 // --indexer on a subcommand that runs on GPUs (run, serve, bench): auto, bf16 or fp8, parsed by
 // parse_gpu_indexer (model/weight_bytes.h).
 void add_indexer_option(CLI::App& c, std::string& value);
+// --collectives nccl|ce (GpuCollectives; docs/cli.md).
+void add_collectives_option(CLI::App& c, std::string& value);
 
 // --residual on run, serve and bench: fp32 or bf16, parsed by parse_residual_dtype
 // (parallel/cp_prefill.h).

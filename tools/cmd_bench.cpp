@@ -33,6 +33,7 @@ struct BenchArgs {
     std::string tbo = "off,on";
     std::string weights = "bf16";
     std::string indexer = "auto";
+    std::string collectives = "nccl";
     int repeat = 3;
     int warmup = 1;
     uint64_t seed = 1;
@@ -190,6 +191,7 @@ void run_cp(int cp, const std::string& weights, int gpus, const Plan& plan, cons
                 opt.cp = cp;
                 opt.weights = format;
                 opt.indexer = parse_gpu_indexer(a.indexer);
+                opt.collectives = parse_gpu_collectives(a.collectives);
                 group = std::make_unique<GpuGroup>(opt);
                 group->randomize(plan.cfg, a.seed);
             }
@@ -231,6 +233,7 @@ int bench(const BenchArgs& a) {
     report.warmup = a.warmup;
     report.seed = a.seed;
     report.indexer = a.indexer;
+    report.collectives = a.collectives;
     report.kernels = gpu_kernel_choices(plan.cfg);
     if (!a.no_ceilings) {
         fmt::print(stderr, "bench: measuring ceilings (GEMM, HBM, all-gather)\n");
@@ -271,6 +274,7 @@ Runner add_bench_command(CLI::App& app) {
                   "matrices in e4m3 with block scales; fp4: the routed experts in packed fp4)")
         ->capture_default_str();
     add_indexer_option(*c, args->indexer);
+    add_collectives_option(*c, args->collectives);
     c->add_option("--repeat", args->repeat, "timed runs per row (TTFT = their median)")
         ->capture_default_str();
     c->add_option("--warmup", args->warmup, "untimed runs before them")->capture_default_str();

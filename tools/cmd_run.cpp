@@ -42,6 +42,7 @@ struct RunArgs {
     std::string device = "cpu";
     std::string weights = "auto";
     std::string indexer = "auto";
+    std::string collectives = "nccl";
     std::string residual = "fp32";
     std::string logits_out;
     bool all_logits = false;
@@ -295,6 +296,7 @@ int run_checked(const RunArgs& a, const MpiSession& mpi) {
     eo.cuda = a.device == "cuda";
     eo.weights = a.weights;
     eo.gpu.indexer = parse_gpu_indexer(a.indexer);
+    eo.gpu.collectives = parse_gpu_collectives(a.collectives);
     eo.residual = parse_residual_dtype(a.residual);
     if (mpi.active()) {
         eo.gpu.local_ranks = {mpi.rank()};
@@ -377,6 +379,7 @@ Runner add_run_command(CLI::App& app) {
                   "(fp8 linears, fp4 experts)")
         ->capture_default_str();
     add_indexer_option(*c, args->indexer);
+    add_collectives_option(*c, args->collectives);
     add_residual_option(*c, args->residual);
     c->add_option("--logits-out", args->logits_out,
                   "write logits f32 to this safetensors file ([V] per request, or [S, V])");

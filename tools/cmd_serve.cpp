@@ -31,6 +31,7 @@ struct ServeArgs {
     std::string device = "cpu";
     std::string weights = "auto";
     std::string indexer = "auto";
+    std::string collectives = "nccl";
     std::string residual = "fp32";
     int cp = 1;
     std::string tbo = "auto";
@@ -188,6 +189,7 @@ int serve_main(const ServeArgs& a) {
     eo.cuda = a.device == "cuda";
     eo.weights = a.weights;
     eo.gpu.indexer = parse_gpu_indexer(a.indexer);
+    eo.gpu.collectives = parse_gpu_collectives(a.collectives);
     eo.residual = parse_residual_dtype(a.residual);
     PrefillEngine engine(a.model, eo);
     const double warmup = warm_up(engine, opts);
@@ -228,6 +230,7 @@ Runner add_serve_command(CLI::App& app) {
                   "cuda: how the GPUs hold the matrices: auto (as stored), bf16, fp8 or fp4")
         ->capture_default_str();
     add_indexer_option(*c, a->indexer);
+    add_collectives_option(*c, a->collectives);
     add_residual_option(*c, a->residual);
     c->add_option("--device", a->device, "cpu, or cuda (one GPU per CP rank)")
         ->check(CLI::IsMember({"cpu", "cuda"}));

@@ -269,6 +269,8 @@ std::string header(const BenchReport& r) {
                             : r.indexer + " in every row",
         residual);
     if (!r.kernels.empty()) s += fmt::format("Kernels: {}.\n", r.kernels);
+    if (r.collectives != "nccl")
+        s += fmt::format("Collectives: {} (the GPUs' copy engines).\n", r.collectives);
     if (r.ceilings) {
         const BenchCeilings& c = *r.ceilings;
         s += fmt::format(
@@ -546,6 +548,7 @@ nlohmann::json report_to_json(const BenchReport& r) {
               {"ceilings", nullptr},
               {"rows", json::array()}};
     j["kernels"] = r.kernels;
+    j["collectives"] = r.collectives;
     if (const auto& c = r.ceilings)
         j["ceilings"] = {{"gemm_tflops", c->gemm_tflops},
                          {"fp8_gemm_tflops", c->fp8_gemm_tflops},
@@ -567,8 +570,9 @@ BenchReport report_from_json(const nlohmann::json& j) {
     r.repeat = field<int>(j, "repeat");
     r.warmup = field<int>(j, "warmup");
     r.seed = field<uint64_t>(j, "seed");
-    r.indexer = j.value("indexer", std::string("auto"));  // reports before --indexer: auto
-    r.kernels = j.value("kernels", std::string());        // reports before it: not recorded
+    r.indexer = j.value("indexer", std::string("auto"));          // reports before --indexer: auto
+    r.kernels = j.value("kernels", std::string());                // reports before it: not recorded
+    r.collectives = j.value("collectives", std::string("nccl"));  // before --collectives
     if (j.contains("ceilings") && !j.at("ceilings").is_null()) {
         const json& c = j.at("ceilings");
         r.ceilings =

@@ -151,6 +151,8 @@ struct BenchReport {
     // The interchangeable GPU kernels the run took (gpu_kernel_choices); empty in reports written
     // before it was recorded.
     std::string kernels;
+    // --collectives: "nccl" or "ce" (the copy engines); reports before it: "nccl".
+    std::string collectives = "nccl";
     std::optional<BenchCeilings> ceilings;
     std::vector<BenchRow> rows;
 };

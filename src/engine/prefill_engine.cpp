@@ -103,6 +103,10 @@ PrefillEngine::PrefillEngine(const std::string& model_dir, const EngineOptions& 
                  "--indexer {}: the CPU backend scores the indexer in fp32; --indexer applies to "
                  "--device cuda (leave it out, or auto)",
                  gpu_indexer_name(options.gpu.indexer));
+    CPFILL_CHECK(options.cuda || options.gpu.collectives == GpuCollectives::Nccl,
+                 "--collectives {}: the CPU backend's ranks exchange through memory; "
+                 "--collectives applies to --device cuda (leave it out)",
+                 gpu_collectives_name(options.gpu.collectives));
     CPFILL_CHECK(!options.cuda || options.activations == ActRounding::None,
                  "rounded activations on the CPU are a study of the CUDA backend's fp8 or bf16 "
                  "path; on --device cuda use --weights fp8 or bf16");

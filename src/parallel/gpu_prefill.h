@@ -27,6 +27,13 @@ class Checkpoint;
 
 using NcclId = std::array<char, 128>;  // ncclUniqueId's bytes
 
+// How the ranks of a group exchange their rows (`--collectives`; docs/parallel.md, "Collectives:
+// NCCL or the copy engines"): NCCL's kernels, or peer copies by the GPUs' copy engines ordered by
+// stream-side flags (runtime/cuda/ce_comm.h; every rank in this process, so not under mpirun).
+enum class GpuCollectives { Nccl, Ce };
+GpuCollectives parse_gpu_collectives(const std::string& s);  // "nccl" or "ce"
+const char* gpu_collectives_name(GpuCollectives c);
+
 struct GpuGroupOptions {
     int cp = 1;                    // C: ranks in the group
     std::vector<int> local_ranks;  // ranks this process drives (empty: all, threaded mode)
@@ -38,6 +45,7 @@ struct GpuGroupOptions {
     GpuWeightFormat weights = GpuWeightFormat::Bf16;
     // How the GPUs score the indexer (`--indexer`): Auto follows the weights (GpuIndexer).
     GpuIndexer indexer = GpuIndexer::Auto;
+    GpuCollectives collectives = GpuCollectives::Nccl;
 };
 
 // The routed experts' GEMMs (docs/fp8.md, "The grouped fp8 expert GEMM"):

@@ -119,7 +119,8 @@ GpuCeilings measure_gpu_ceilings() {
                 cuda::DeviceBuffer send(per), recv(total);
                 CPFILL_CUDA_CHECK(cudaMemsetAsync(send.as<void>(), r + 1, per, st));
                 secs[r] = time_median(st, 3, 10, [&] {
-                    comm.all_gather(send.as<void>(), recv.as<void>(), per, ncclInt8, st);
+                    comm.all_gather(send.as<void>(), recv.as<void>(), per, cuda::CommData::Bytes,
+                                    st);
                 });
                 CPFILL_CUDA_CHECK(cudaStreamSynchronize(st));
                 cudaStreamDestroy(st);

@@ -17,7 +17,9 @@
 #include "parallel/cuda/gpu_runner.h"
 #include "parallel/cuda/gpu_workspace.h"
 #include "parallel/gpu_prefill.h"
+#include "runtime/cuda/ce_comm.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/nccl_comm.h"
 #include "runtime/cuda/sm90.h"
 #include "runtime/device.h"
 
@@ -114,12 +116,12 @@ struct GpuGroup::Impl {
             size_t left = 0;
         };
         auto p = std::make_shared<Pending>();
-        std::vector<cuda::NcclComm*> comms;
+        std::vector<cuda::DeviceComm*> comms;
         for (auto& r : ranks)
-            for (cuda::NcclComm* c : {r->cp_comm.get(), r->overlap.get()})
+            for (cuda::DeviceComm* c : {r->cp_comm.get(), r->overlap.get()})
                 if (c) comms.push_back(c);
         p->left = comms.size();
-        for (cuda::NcclComm* c : comms)
+        for (cuda::DeviceComm* c : comms)
             std::thread([p, c] {
                 c->abort();
                 std::lock_guard<std::mutex> lock(p->mu);
@@ -163,12 +165,17 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
     std::string why;
     const int n_dev = cuda_device_count(&why);
     CPFILL_CHECK(n_dev > 0, "--device cuda: no usable GPU: {}", why);
-    if (threaded)
+    const bool ce = opt.collectives == GpuCollectives::Ce;
+    CPFILL_CHECK(!ce || threaded,
+                 "--collectives ce needs every rank in one process; under mpirun use "
+                 "--collectives nccl");
+    // (Explicit devices may repeat one GPU: tests run copy-engine ranks side by side on one.)
+    if (threaded && !(ce && opt.devices.size() == static_cast<size_t>(C)))
         CPFILL_CHECK(C <= n_dev,
                      "--cp {} needs {} GPUs in this process but {} are visible (run under mpirun "
                      "for more machines, or lower --cp)",
                      C, C, n_dev);
-    NcclId id = threaded ? new_nccl_id() : opt.nccl_id;
+    NcclId id = threaded && !ce ? new_nccl_id() : opt.nccl_id;
     ncclUniqueId nid;
     std::memcpy(&nid, id.data(), sizeof(nid));
     for (size_t i = 0; i < local.size(); ++i) {
@@ -184,6 +191,7 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
         g.ranks.push_back(std::move(r));
     }
     g.local = local;
+    const std::shared_ptr<cuda::CeGroup> ce_group = ce ? cuda::make_ce_group(C) : nullptr;
     // NCCL init is collective: every local rank joins at once, on its own thread.
     try {
         g.on_ranks([&](size_t i, const cuda::AbortFlag&) {
@@ -192,7 +200,11 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
             r.gemm = std::make_unique<ops::cuda::GemmContext>();
             r.gemm_route = std::make_unique<ops::cuda::GemmContext>(*r.gemm);
             r.init_streams();
-            r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
+            if (ce)
+                r.cp_comm = std::make_unique<cuda::CeComm>(ce_group, r.rank);
+            else
+                r.cp_comm = std::make_unique<cuda::NcclComm>(r.rank, C, nid);
+            r.copy_engines = ce;
             r.overlap = r.cp_comm->dup();
         });
     } catch (...) {
@@ -424,7 +436,7 @@ std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const Ru
                              const GpuRunOptions& opt) {
     for (auto& r : g.ranks) {
         const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, r->weights->width, opt,
-                                                  cuda::needs_of(*r->weights));
+                                                  cuda::needs_of(*r->weights), r->copy_engines);
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaSetDevice(r->device));
         CPFILL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));

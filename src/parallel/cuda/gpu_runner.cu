@@ -1,4 +1,4 @@
-// run_rank: the workspace carved from the arena, the per-sub-batch stages, split-phase NCCL
+// run_rank: the workspace carved from the arena, the per-sub-batch stages, split-phase
 // collectives, the head and the records of one GPU rank.
 #include <algorithm>
 #include <array>
@@ -188,7 +188,7 @@ class Runner final : public RankBackend {
 void Runner::setup() {
     const int C = dev_.cp;
     const WeightNeeds needs = needs_of(W_);
-    const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_, needs);
+    const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_, needs, dev_.copy_engines);
     if (!dev_.arena || dev_.arena->capacity() < need) {
         const auto t0 = std::chrono::steady_clock::now();
         dev_.arena.reset();
@@ -199,7 +199,15 @@ void Runner::setup() {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     dev_.arena->reset();
-    carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_, needs);
+    carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_, needs, dev_.copy_engines);
+    // Copy-engine collectives find the peers' buffers by their offsets in the arena (laid out
+    // alike on every rank) and stage reductions in the workspace: registered once per run.
+    if (C > 1 && !opt_.no_comm) {
+        dev_.cp_comm->use_buffers(dev_.arena->base(), dev_.arena->capacity(), ws_.ce_staging[0],
+                                  ws_.ce_staging_bytes, *ctx_.flag, ctx_.deadline);
+        dev_.overlap->use_buffers(dev_.arena->base(), dev_.arena->capacity(), ws_.ce_staging[1],
+                                  ws_.ce_staging_bytes, *ctx_.flag, ctx_.deadline);
+    }
     ctx_.fp8 = needs.dense_fp8 ? &ws_.fp8 : nullptr;
     const cudaStream_t st = dev_.compute;
     const int64_t max_len = dims_.max_len;
@@ -267,17 +275,17 @@ void Runner::start(Exchange e, int si, int li) {
     if (!chunk_->tbo) {
         ctx_.phase(Phase::Collectives);
         if (scatter)
-            dev_.cp_comm->reduce_scatter(send, recv, count, ncclBfloat16, dev_.compute);
+            dev_.cp_comm->reduce_scatter(send, recv, count, CommData::Bf16, dev_.compute);
         else
-            dev_.cp_comm->all_gather(send, recv, count, ncclBfloat16, dev_.compute);
+            dev_.cp_comm->all_gather(send, recv, count, CommData::Bf16, dev_.compute);
         return;
     }
     ready_[k][si].record(dev_.compute);
     ready_[k][si].make_wait(dev_.comm);
     if (scatter)
-        dev_.overlap->reduce_scatter(send, recv, count, ncclBfloat16, dev_.comm);
+        dev_.overlap->reduce_scatter(send, recv, count, CommData::Bf16, dev_.comm);
     else
-        dev_.overlap->all_gather(send, recv, count, ncclBfloat16, dev_.comm);
+        dev_.overlap->all_gather(send, recv, count, CommData::Bf16, dev_.comm);
     done_[k][si].record(dev_.comm);
 }
 
@@ -440,7 +448,7 @@ void Runner::record_rows(SubState& s, const void* local, int64_t width, size_t e
     CPFILL_CUDA_CHECK(
         cudaMemcpyAsync(ws_.rec_send, local, n * bytes, cudaMemcpyDeviceToDevice, st));
     if (!opt_.no_comm)
-        dev_.cp_comm->all_gather(ws_.rec_send, ws_.rec_recv, n * bytes, ncclInt8, st);
+        dev_.cp_comm->all_gather(ws_.rec_send, ws_.rec_recv, n * bytes, CommData::Bytes, st);
     if (dev_.rank != 0 || dst == nullptr) return;
     std::vector<char> host(s.padded * bytes);
     CPFILL_CUDA_CHECK(
@@ -575,7 +583,8 @@ void Runner::head(int si) {
         CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.zw + i * D, ws_.z + (g / C) * D, D * sizeof(bf16),
                                           cudaMemcpyDeviceToDevice, st));
     }
-    if (!opt_.no_comm && C > 1) dev_.cp_comm->all_reduce(ws_.zw, ws_.zw, nw * D, ncclBfloat16, st);
+    if (!opt_.no_comm && C > 1)
+        dev_.cp_comm->all_reduce(ws_.zw, ws_.zw, nw * D, CommData::Bf16, st);
     if (r != 0) return;
     const int64_t chunk = dims_.logit_rows;
     std::vector<float> host(chunk * V);

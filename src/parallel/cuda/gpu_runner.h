@@ -1,8 +1,8 @@
 // One CP rank of the GPU prefill: the rank's persistent device state (streams, communicators,
 // cuBLASLt context, weights, workspace arena) and one run of a plan, as the CUDA backend of the
 // one engine (parallel/engine.h; the CPU ranks' backend is cp_prefill.cpp's): the block's ops on
-// bf16 rows and the fp32 residual, the exchanges as NCCL collectives (split-phase on the comm
-// stream with two-batch overlap), the head.
+// bf16 rows and the fp32 residual, the exchanges as collectives (NCCL or the copy engines;
+// split-phase on the comm stream with two-batch overlap), the head.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,7 +17,7 @@
 #include "parallel/gpu_prefill.h"
 #include "parallel/run_plan.h"
 #include "runtime/cuda/arena.h"
-#include "runtime/cuda/nccl_comm.h"
+#include "runtime/cuda/device_comm.h"
 #include "runtime/cuda/stream.h"
 
 namespace cpfill::cuda {
@@ -39,7 +39,9 @@ struct RankDevice {
     int rank = 0, cp = 1, device = 0;
     std::unique_ptr<RankStreams> streams;  // owns what the handles below name (destroyed last)
     cudaStream_t compute = nullptr, comm = nullptr, route = nullptr;
-    std::unique_ptr<NcclComm> cp_comm, overlap;                // driven from compute / comm only
+    // NCCL or the copy engines (GpuGroupOptions::collectives); driven from compute / comm only.
+    std::unique_ptr<DeviceComm> cp_comm, overlap;
+    bool copy_engines = false;  // cp_comm is a CeComm: the workspace holds its staging
     std::unique_ptr<ops::cuda::GemmContext> gemm, gemm_route;  // one per stream that runs GEMMs
     GpuExpertStreams experts;  // the routed experts' streams (init_streams)
     std::vector<std::unique_ptr<ops::cuda::GemmContext>> expert_gemms;
@@ -59,8 +61,10 @@ struct RankDevice {
 
 // Device bytes of the workspace a run of `plan` needs on one rank (the arena's size).
 struct WeightNeeds;
+// copy_engines: with the staging of copy-engine collectives (runtime/cuda/ce_comm.h).
 size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-                       const GpuRunOptions& opt, const WeightNeeds& needs);
+                       const GpuRunOptions& opt, const WeightNeeds& needs,
+                       bool copy_engines = false);
 
 // Runs the plan on this rank (its device current). rank 0 fills `out` (may be null elsewhere);
 // stats are rank 0's.

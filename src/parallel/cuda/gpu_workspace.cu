@@ -88,7 +88,7 @@ WeightNeeds needs_of(const ModelConfig& cfg, ExpertSlice slice, GpuWeightFormat 
 
 template <class A>
 void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-           const GpuRunOptions& opt, WeightNeeds needs) {
+           const GpuRunOptions& opt, WeightNeeds needs, bool copy_engines) {
     const Dims d = dims_of(cfg, plan, cp, opt);
     const int64_t D = cfg.d_model, hc = cfg.hc, Hd = int64_t{cfg.n_heads} * cfg.head_dim;
     const int64_t K = cfg.top_k, E = cfg.n_experts;
@@ -226,18 +226,24 @@ void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int 
         w.rec_send = a.template take<float>(n * rw);
         w.rec_recv = a.template take<float>(P * rw);
     }
+    // The largest reduction: the MoE sums (n local rows) or the head's all-reduce (n_wanted).
+    w.ce_staging_bytes =
+        comm_staging_bytes(copy_engines, cp, std::max(n, d.n_wanted) * D, CommData::Bf16);
+    if (w.ce_staging_bytes)
+        for (void*& st : w.ce_staging)
+            st = a.template take<char>(static_cast<int64_t>(w.ce_staging_bytes));
 }
 
 template void carve<Arena>(Arena&, Workspace&, const ModelConfig&, const RunPlan&, int, int64_t,
-                           const GpuRunOptions&, WeightNeeds);
+                           const GpuRunOptions&, WeightNeeds, bool);
 template void carve<CountingArena>(CountingArena&, Workspace&, const ModelConfig&, const RunPlan&,
-                                   int, int64_t, const GpuRunOptions&, WeightNeeds);
+                                   int, int64_t, const GpuRunOptions&, WeightNeeds, bool);
 
 size_t workspace_bytes(const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-                       const GpuRunOptions& opt, const WeightNeeds& needs) {
+                       const GpuRunOptions& opt, const WeightNeeds& needs, bool copy_engines) {
     CountingArena a;
     Workspace w;
-    carve(a, w, cfg, plan, cp, width, opt, needs);
+    carve(a, w, cfg, plan, cp, width, opt, needs, copy_engines);
     return a.used;
 }
 

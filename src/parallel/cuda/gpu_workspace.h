@@ -115,11 +115,16 @@ struct Workspace {
     float* logits = nullptr;   // [logit_rows, vocab]
     void* rec_send = nullptr;  // [n_max, hc, d_model] fp32 (records only)
     void* rec_recv = nullptr;  // [p_max, hc, d_model] fp32
+    // Copy-engine collectives (runtime/cuda/ce_comm.h): the peers' parts of a reduction, one
+    // area for each communicator (the compute stream's, the comm stream's).
+    void* ce_staging[2] = {nullptr, nullptr};
+    size_t ce_staging_bytes = 0;
 };
 
-// Carves w from `a` (an Arena, or a CountingArena to size it).
+// Carves w from `a` (an Arena, or a CountingArena to size it); copy_engines: with the staging of
+// copy-engine collectives.
 template <class A>
 void carve(A& a, Workspace& w, const ModelConfig& cfg, const RunPlan& plan, int cp, int64_t width,
-           const GpuRunOptions& opt, WeightNeeds needs);
+           const GpuRunOptions& opt, WeightNeeds needs, bool copy_engines = false);
 
 }  // namespace cpfill::cuda

@@ -1,11 +1,7 @@
-// NcclComm: one rank's NCCL communicator for the CUDA backend (docs/design.md §6). Collectives run
-// on an explicit CUDA stream over device buffers of a given dtype; all ranks issue the same
-// collectives in the same order. dup() gives the comm stream its own communicator
-// (ncclCommSplit), so each communicator is driven from exactly one stream. abort() kills pending
-// collectives (ncclCommAbort) so that peers of a failed rank stop instead of hanging.
-//
-// Not a cpfill::Communicator: that interface moves fp32 host buffers on CPU Streams; this one moves
-// bf16/fp32 device buffers on cudaStream_t. The plan of collectives above both is the same.
+// NcclComm: one rank's NCCL communicator for the CUDA backend (docs/design.md §6), a DeviceComm
+// (runtime/cuda/device_comm.h). dup() gives the comm stream its own communicator (ncclCommSplit),
+// so each communicator is driven from exactly one stream. abort() kills pending collectives
+// (ncclCommAbort) so that peers of a failed rank stop instead of hanging.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +12,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "runtime/cuda/device_comm.h"
 
 #define CPFILL_NCCL_CHECK(expr)                                                               \
     do {                                                                                      \
@@ -27,31 +24,26 @@
 
 namespace cpfill::cuda {
 
-class NcclComm {
+class NcclComm final : public DeviceComm {
   public:
     // Collective over the `size` ranks that share `id`; the caller's current device is used.
     NcclComm(int rank, int size, const ncclUniqueId& id);
-    ~NcclComm();
+    ~NcclComm() override;
     NcclComm(const NcclComm&) = delete;
     NcclComm& operator=(const NcclComm&) = delete;
 
-    int rank() const { return rank_; }
-    int size() const { return size_; }
-    // A communicator over the same ranks (collective: every rank calls it, in the same order).
-    std::unique_ptr<NcclComm> dup();
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    const char* name() const override { return "nccl"; }
+    std::unique_ptr<DeviceComm> dup() override;
 
-    // recv[size · count] ← every rank's send[count], rank-major.
-    void all_gather(const void* send, void* recv, int64_t count, ncclDataType_t type,
-                    cudaStream_t stream);
-    // recv[count] ← Σ over ranks of send[rank · count … (rank + 1) · count).
-    void reduce_scatter(const void* send, void* recv, int64_t count, ncclDataType_t type,
-                        cudaStream_t stream);
-    // recv[count] ← Σ over ranks of send[count].
-    void all_reduce(const void* send, void* recv, int64_t count, ncclDataType_t type,
-                    cudaStream_t stream);
-    // Kills pending work; later calls throw. Safe to call more than once and from another thread
-    // than the one driving the communicator (a watchdog unblocking a stuck rank); never throws.
-    void abort() noexcept;
+    void all_gather(const void* send, void* recv, int64_t count, CommData type,
+                    cudaStream_t stream) override;
+    void reduce_scatter(const void* send, void* recv, int64_t count, CommData type,
+                        cudaStream_t stream) override;
+    void all_reduce(const void* send, void* recv, int64_t count, CommData type,
+                    cudaStream_t stream) override;
+    void abort() noexcept override;
 
   private:
     explicit NcclComm(ncclComm_t comm, int rank, int size)

@@ -425,6 +425,20 @@ TEST(BenchReportJson, KernelsSaidAndKept) {
     EXPECT_EQ(report_markdown(old).find("Kernels:"), std::string::npos);
 }
 
+// --collectives: said in the header when not NCCL, kept through JSON; a report written before it
+// reads as NCCL.
+TEST(BenchReportJson, CollectivesSaidAndKept) {
+    BenchReport r = sample_report();
+    EXPECT_EQ(report_markdown(r).find("Collectives:"), std::string::npos);
+    r.collectives = "ce";
+    EXPECT_NE(report_markdown(r).find("Collectives: ce (the GPUs' copy engines).\n"),
+              std::string::npos);
+    nlohmann::json j = report_to_json(r);
+    EXPECT_EQ(report_from_json(j).collectives, "ce");
+    j.erase("collectives");
+    EXPECT_EQ(report_from_json(j).collectives, "nccl");
+}
+
 // --residual: each row keeps it through JSON (a report written before it reads as fp32), the
 // header says it, and a bf16 row's "other" floor counts 2 bytes a value.
 TEST(BenchReportJson, ResidualSaidAndKept) {

@@ -111,6 +111,15 @@ TEST(Cli, GenInspectRunRoundTrip) {
     Result y = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6 --indexer fp4");
     EXPECT_NE(y.code, 0) << y.out;
     EXPECT_NE(y.out.find("--indexer"), std::string::npos) << y.out;
+    // And --collectives: the copy engines are the GPUs'.
+    Result c = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6 --collectives ce");
+    EXPECT_EQ(c.code, 1) << c.out;
+    EXPECT_NE(c.out.find("--collectives ce: the CPU backend's ranks exchange through memory"),
+              std::string::npos)
+        << c.out;
+    Result d = run_cli("run --model " + tmp.file("m") + " --input-ids 5,6 --collectives mpi");
+    EXPECT_NE(d.code, 0) << d.out;
+    EXPECT_NE(d.out.find("--collectives"), std::string::npos) << d.out;
 }
 
 TEST(Cli, InspectPresetNeedsNoCheckpoint) {
