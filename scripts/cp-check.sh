@@ -11,7 +11,9 @@
 #            8k,32k,64k,128k): measured end to end, not projected
 #   serve    scripts/serve-check.sh with `serve --cp N` (V4-Flash's dimensions, 32 experts) under
 #            bench-serve at 1, 8 and 32 clients, prompts of 1k and 8k tokens
-# CP_CHECK_PARTS picks some (default scaling,flash,serve); N is every GPU (CP_N overrides).
+#   ce       the scaling sweep's CP N rows again with `--collectives ce` (the copy engines;
+#            docs/parallel.md): exposed communication and TTFT against the NCCL rows of `scaling`
+# CP_CHECK_PARTS picks some (default scaling,ce,flash,serve); N is every GPU (CP_N overrides).
 # Results under $OUT (or ./gpu-out): cp-<part>.md / .json / .log, and cp-check.txt, the summary.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the lent machines require.
 set -uo pipefail
@@ -28,7 +30,7 @@ if [ "${n:-0}" -lt 2 ]; then
     exit 1
 fi
 limit=${CP_CHECK_PART_TIMEOUT:-420}
-parts=,${CP_CHECK_PARTS:-scaling,flash,serve},
+parts=,${CP_CHECK_PARTS:-scaling,ce,flash,serve},
 summary=$out/cp-check.txt
 echo "cp-check: $n GPUs, parts ${parts:1:-1}" | tee "$summary"
 status=0
@@ -48,6 +50,11 @@ if [[ $parts == *,scaling,* ]]; then
     run_part scaling "$bin" bench --preset flash-slice --lengths "${CP_LENGTHS:-32k,64k,128k,256k}" \
         --cp "1,$n" --tbo off,on,auto --weights "${CP_WEIGHTS:-fp8}" --repeat 3 \
         --json "$out/cp-scaling.json" --plot "$out/cp-scaling.svg"
+fi
+if [[ $parts == *,ce,* ]]; then
+    run_part ce "$bin" bench --preset flash-slice --lengths "${CP_LENGTHS:-32k,64k,128k,256k}" \
+        --cp "$n" --tbo off,on,auto --weights "${CP_WEIGHTS:-fp8}" --repeat 3 --collectives ce \
+        --json "$out/cp-ce.json"
 fi
 if [[ $parts == *,flash,* ]]; then
     run_part flash "$bin" bench --preset flash --lengths "${CP_FLASH_LENGTHS:-8k,32k,64k,128k}" \

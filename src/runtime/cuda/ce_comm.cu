@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -22,6 +23,9 @@ constexpr int kMaxRanks = 64;
 // (value − flag ≤ 0 as a signed difference) ends.
 constexpr uint64_t kAborted = uint64_t{1} << 62;
 constexpr int kReady = 0, kDone = 1;
+// How long an aborted group's flags are kept past every call number (CeGroup::abort): longer than
+// the group's watchdog gives its ranks to stop (30 s).
+constexpr std::chrono::seconds kKeepAborted{60};
 
 using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
@@ -110,7 +114,7 @@ void sum_parts(const Parts& parts, int n, int64_t count, void* out, cudaStream_t
 
 }  // namespace
 
-struct CeGroup {
+struct CeGroup : std::enable_shared_from_this<CeGroup> {
     explicit CeGroup(int n) : size(n) {
         for (auto& t : table) t.resize(n);
     }
@@ -134,12 +138,38 @@ struct CeGroup {
     }
     uint64_t* flag(int which, int rank) const { return flags + which * size + rank; }
 
+    void write_aborted() {
+        for (int i = 0; i < 2 * size; ++i) __atomic_store_n(&flags[i], kAborted, __ATOMIC_SEQ_CST);
+    }
+
+    // Every flag past any call number, so that every stream wait ends. A write a stream had
+    // queued before (a ready or done flag of its current call) may still land after and move a
+    // flag back below what a peer waits for, so a keeper thread writes them again every
+    // millisecond for kKeepAborted while the group lives.
     void abort() noexcept {
         aborted.store(true);
         std::lock_guard<std::mutex> lock(mu);
-        if (flags)
-            for (int i = 0; i < 2 * size; ++i)
-                __atomic_store_n(&flags[i], kAborted, __ATOMIC_SEQ_CST);
+        if (flags) {
+            write_aborted();
+            if (!keeper) {
+                keeper = true;
+                try {
+                    std::thread([weak = std::weak_ptr<CeGroup>(shared_from_this())] {
+                        const auto t0 = std::chrono::steady_clock::now();
+                        while (std::chrono::steady_clock::now() - t0 < kKeepAborted) {
+                            if (auto g = weak.lock()) {
+                                std::lock_guard<std::mutex> lock(g->mu);
+                                g->write_aborted();
+                            } else {
+                                return;
+                            }
+                            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                        }
+                    }).detach();
+                } catch (...) {  // no thread: the first writes stand alone
+                }
+            }
+        }
         cv.notify_all();
         for (auto& d : dups) d->abort();
     }
@@ -160,6 +190,7 @@ struct CeGroup {
     int arrived = 0;
     uint64_t generation = 0;
     std::vector<std::shared_ptr<CeGroup>> dups;  // the k-th dup() of every rank shares dups[k]
+    bool keeper = false;                         // abort()'s keeper thread started
 };
 
 std::shared_ptr<CeGroup> make_ce_group(int size) {

@@ -18,7 +18,8 @@
 //      bf16, into recv (one small kernel; an all-reduce sums after step 4, as recv may be send).
 // A peer's buffer is found by its offset: use_buffers registers every rank's workspace (planned
 // alike on every rank), and p's send buffer is p's base plus the offset of r's within r's.
-// abort() moves every flag so far ahead that every wait ends, and later calls throw.
+// abort() moves every flag so far ahead that every wait ends (and keeps it there while queued
+// flag writes may still land), and later calls throw.
 #pragma once
 
 #include <memory>
