@@ -238,8 +238,9 @@ int bench(const BenchArgs& a) {
     if (!a.no_ceilings) {
         fmt::print(stderr, "bench: measuring ceilings (GEMM, HBM, all-gather)\n");
         const GpuCeilings c = measure_gpu_ceilings();
-        report.ceilings = BenchCeilings{c.gemm_tflops, c.fp8_gemm_tflops, c.hbm_gbps,
-                                        c.allgather_busbw_gbps, c.allgather_gpus};
+        report.ceilings =
+            BenchCeilings{c.gemm_tflops,          c.fp8_gemm_tflops, c.hbm_gbps,
+                          c.allgather_busbw_gbps, c.allgather_gpus,  c.ce_allgather_busbw_gbps};
     }
     for (int cp : plan.cps)
         for (const std::string& w : plan.weights) run_cp(cp, w, gpus, plan, a, report.rows);

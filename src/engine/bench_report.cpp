@@ -282,9 +282,14 @@ std::string header(const BenchReport& r) {
                               c.fp8_gemm_tflops)
                 : std::string(),
             c.hbm_gbps);
-        s += c.allgather_gpus > 1 ? fmt::format("{:.0f} GB/s busbw on {} GPUs.\n",
-                                                c.allgather_busbw_gbps, c.allgather_gpus)
-                                  : std::string("not measured (one GPU).\n");
+        s +=
+            c.allgather_gpus > 1
+                ? fmt::format(
+                      "{:.0f} GB/s busbw on {} GPUs{}.\n", c.allgather_busbw_gbps, c.allgather_gpus,
+                      c.ce_allgather_busbw_gbps > 0
+                          ? fmt::format(" (copy engines: {:.0f} GB/s)", c.ce_allgather_busbw_gbps)
+                          : std::string())
+                : std::string("not measured (one GPU).\n");
     }
     s += fmt::format(
         "FLOPs as in docs/architecture.md §5.1 (keys really attended, indexer scoring over "
@@ -554,7 +559,8 @@ nlohmann::json report_to_json(const BenchReport& r) {
                          {"fp8_gemm_tflops", c->fp8_gemm_tflops},
                          {"hbm_gbps", c->hbm_gbps},
                          {"allgather_busbw_gbps", c->allgather_busbw_gbps},
-                         {"allgather_gpus", c->allgather_gpus}};
+                         {"allgather_gpus", c->allgather_gpus},
+                         {"ce_allgather_busbw_gbps", c->ce_allgather_busbw_gbps}};
     for (const BenchRow& row : r.rows) j["rows"].push_back(row_json(row));
     return j;
 }
@@ -577,8 +583,8 @@ BenchReport report_from_json(const nlohmann::json& j) {
         const json& c = j.at("ceilings");
         r.ceilings =
             BenchCeilings{field<double>(c, "gemm_tflops"), c.value("fp8_gemm_tflops", 0.0),
-                          field<double>(c, "hbm_gbps"), field<double>(c, "allgather_busbw_gbps"),
-                          field<int>(c, "allgather_gpus")};
+                          field<double>(c, "hbm_gbps"),    field<double>(c, "allgather_busbw_gbps"),
+                          field<int>(c, "allgather_gpus"), c.value("ce_allgather_busbw_gbps", 0.0)};
     }
     for (const json& row : field<json>(j, "rows")) r.rows.push_back(row_from_json(row));
     return r;

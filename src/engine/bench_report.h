@@ -57,6 +57,9 @@ struct BenchCeilings {
     double hbm_gbps = 0;
     double allgather_busbw_gbps = 0;
     int allgather_gpus = 0;
+    // The same all-gather by the copy engines (--collectives ce); 0: not measured (one GPU, or a
+    // report written before it).
+    double ce_allgather_busbw_gbps = 0;
     bool operator==(const BenchCeilings&) const = default;
 };
 

@@ -147,14 +147,15 @@ GpuMemoryPlan plan_gpu_memory(const ModelConfig& cfg, int64_t n_tokens, int n_re
 
 // Ceilings measured on this machine (docs/performance.md): bf16 and block-scaled fp8 GEMM 8192³
 // through cuBLASLt,
-// device-to-device copy (read + write bytes / s) and, with ≥ 2 GPUs, NCCL all-gather bus bandwidth
-// at 1 GiB on min(devices, 2) GPUs (0 with one GPU).
+// device-to-device copy (read + write bytes / s) and, with ≥ 2 GPUs, the all-gather bus bandwidth
+// at 1 GiB on min(devices, 2) GPUs by NCCL and by the copy engines (0 with one GPU).
 struct GpuCeilings {
     double gemm_tflops = 0;
     double fp8_gemm_tflops = 0;  // e4m3, 128×128 weight / 1×128 activation block scales
     double hbm_gbps = 0;
     double allgather_busbw_gbps = 0;
     int allgather_gpus = 0;
+    double ce_allgather_busbw_gbps = 0;  // the same all-gather by the copy engines (CeComm)
 };
 GpuCeilings measure_gpu_ceilings();
 

@@ -1,6 +1,11 @@
 // measure_gpu_ceilings: the yardsticks of docs/performance.md, measured in the same process as the
-// benchmark (bf16 GEMM 8192³, device copy, NCCL all-gather at 1 GiB on two GPUs).
+// benchmark (bf16 GEMM 8192³, device copy, all-gather at 1 GiB on two GPUs by NCCL and by the copy
+// engines).
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -8,7 +13,9 @@
 #include "ops/cuda/gemm.h"
 #include "parallel/gpu_prefill.h"
 #include "runtime/cuda/buffer.h"
+#include "runtime/cuda/ce_comm.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/host_wait.h"
 #include "runtime/cuda/nccl_comm.h"
 #include "runtime/device.h"
 
@@ -101,38 +108,57 @@ GpuCeilings measure_gpu_ceilings() {
     }
     CPFILL_CUDA_CHECK(cudaStreamDestroy(s));
     if (n_dev < 2) return c;
-    // All-gather of 1 GiB in all (512 MiB per rank) on GPUs 0 and 1, one thread each.
+    // All-gather of 1 GiB in all (512 MiB per rank) on GPUs 0 and 1, one thread each: by NCCL,
+    // then by the copy engines (CeComm; send and receive buffers in one registered area).
     const int n = 2;
     const int64_t total = int64_t{1} << 30, per = total / n;
     ncclUniqueId id;
     CPFILL_NCCL_CHECK(ncclGetUniqueId(&id));
-    std::vector<double> secs(n);
-    std::vector<std::string> errors(n);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r)
-        threads.emplace_back([&, r] {
-            try {
-                CPFILL_CUDA_CHECK(cudaSetDevice(r));
-                cudaStream_t st;
-                CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-                cuda::NcclComm comm(r, n, id);
-                cuda::DeviceBuffer send(per), recv(total);
-                CPFILL_CUDA_CHECK(cudaMemsetAsync(send.as<void>(), r + 1, per, st));
-                secs[r] = time_median(st, 3, 10, [&] {
-                    comm.all_gather(send.as<void>(), recv.as<void>(), per, cuda::CommData::Bytes,
-                                    st);
-                });
-                CPFILL_CUDA_CHECK(cudaStreamSynchronize(st));
-                cudaStreamDestroy(st);
-            } catch (const std::exception& e) {
-                errors[r] = e.what();
-            }
-        });
-    for (auto& t : threads) t.join();
-    for (const auto& e : errors) CPFILL_CHECK(e.empty(), "all-gather ceiling: {}", e);
-    const double sec = std::max(secs[0], secs[1]);
-    c.allgather_busbw_gbps = double(total) / sec * (n - 1) / n * 1e-9;
+    const std::shared_ptr<cuda::CeGroup> ce_group = cuda::make_ce_group(n);
+    const auto busbw = [&](bool ce) {
+        std::vector<double> secs(n);
+        std::vector<std::string> errors(n);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r)
+            threads.emplace_back([&, r] {
+                try {
+                    CPFILL_CUDA_CHECK(cudaSetDevice(r));
+                    cudaStream_t st;
+                    CPFILL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+                    std::unique_ptr<cuda::DeviceComm> comm;
+                    if (ce)
+                        comm = std::make_unique<cuda::CeComm>(ce_group, r);
+                    else
+                        comm = std::make_unique<cuda::NcclComm>(r, n, id);
+                    cuda::DeviceBuffer area(per + total);
+                    char* send = area.as<char>();
+                    char* recv = send + per;
+                    const cuda::AbortFlag flag;
+                    comm->use_buffers(area.as<void>(), area.bytes(), nullptr, 0, flag,
+                                      std::chrono::milliseconds(60000));
+                    CPFILL_CUDA_CHECK(cudaMemsetAsync(send, r + 1, per, st));
+                    secs[r] = time_median(st, 3, 10, [&] {
+                        comm->all_gather(send, recv, per, cuda::CommData::Bytes, st);
+                    });
+                    CPFILL_CUDA_CHECK(cudaStreamSynchronize(st));
+                    cudaStreamDestroy(st);
+                } catch (const std::exception& e) {
+                    errors[r] = e.what();
+                }
+            });
+        for (auto& t : threads) t.join();
+        for (const auto& e : errors)
+            CPFILL_CHECK(e.empty(), "all-gather ceiling ({}): {}", ce ? "copy engines" : "NCCL", e);
+        return double(total) / std::max(secs[0], secs[1]) * (n - 1) / n * 1e-9;
+    };
+    c.allgather_busbw_gbps = busbw(false);
     c.allgather_gpus = n;
+    // A GPU pair the copy engines cannot serve leaves that ceiling out rather than the run.
+    try {
+        c.ce_allgather_busbw_gbps = busbw(true);
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "ceilings: copy-engine all-gather not measured: {}\n", e.what());
+    }
     return c;
 }
 

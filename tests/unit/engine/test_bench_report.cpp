@@ -437,6 +437,18 @@ TEST(BenchReportJson, CollectivesSaidAndKept) {
     EXPECT_EQ(report_from_json(j).collectives, "ce");
     j.erase("collectives");
     EXPECT_EQ(report_from_json(j).collectives, "nccl");
+    // The copy engines' all-gather beside NCCL's on the ceilings line; kept through JSON, and
+    // absent (0, not said) in a report written before it.
+    r.ceilings = BenchCeilings{790, 0, 4200, 260, 2, 370};
+    EXPECT_NE(report_markdown(r).find("260 GB/s busbw on 2 GPUs (copy engines: 370 GB/s)."),
+              std::string::npos)
+        << report_markdown(r);
+    nlohmann::json k = report_to_json(r);
+    EXPECT_EQ(report_from_json(k).ceilings, r.ceilings);
+    k["ceilings"].erase("ce_allgather_busbw_gbps");
+    const BenchReport old = report_from_json(k);
+    EXPECT_EQ(old.ceilings->ce_allgather_busbw_gbps, 0);
+    EXPECT_NE(report_markdown(old).find("260 GB/s busbw on 2 GPUs.\n"), std::string::npos);
 }
 
 // --residual: each row keeps it through JSON (a report written before it reads as fp32), the
