@@ -159,8 +159,9 @@ struct GpuCeilings {
 };
 GpuCeilings measure_gpu_ceilings();
 
-// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION;
-// docs/cli.md), on device 0, in words for reports: "attention_wg (attention)".
+// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION,
+// CPFILL_FP8_GEMM; docs/cli.md), on device 0, in words for reports: "attention_wg (attention),
+// cuBLASLt (fp8 dense GEMMs)".
 std::string gpu_kernel_choices(const ModelConfig& cfg);
 
 class GpuGroup {
