@@ -14,7 +14,8 @@
 #                                   Shapes/CudaMhcPostPre… do not run);
 #                                   GPU_CHECK_TEST_TIMEOUT (s, default 900) stops a hung kernel
 #   GPU_CHECK_KERNELS=0             skip the kernel timings (bench/kernel_bench --kernel mhc,
-#                                   bench/fp8_gemm_bench --grouped-only) into kernels.log
+#                                   bench/fp8_gemm_bench: the dense and the grouped fp8 GEMMs)
+#                                   into kernels.log
 #   GPU_CHECK_MEMCHECK=FILTER       also compute-sanitizer memcheck over the GPU tests FILTER selects
 #                                   (small ones: it is slow) into memcheck.log
 #   GPU_CHECK_PROFILE=1             also Nsight Compute on the mHC boundary's kernels, fp32 and bf16
@@ -121,7 +122,7 @@ run_tests() {
 if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ] && fits kernels; then
     {
         timeout "$(cap 120)" build-gpu/bench/kernel_bench --kernel mhc --repeat 20
-        timeout "$(cap 240)" build-gpu/bench/fp8_gemm_bench --reps 10 --grouped-only
+        timeout "$(cap 240)" build-gpu/bench/fp8_gemm_bench --reps 10
     } >"$out/kernels.log" 2>&1 || status=1
     cat "$out/kernels.log"
 fi
