@@ -397,17 +397,18 @@ void GpuGroup::randomize(const ModelConfig& cfg, uint64_t seed) {
 namespace {
 
 // The smallest CP size ≥ 1 at which weights + workspace fit into `capacity` bytes per GPU, in
-// chunks of `chunk` tokens (0: one pass).
+// chunks of `chunk` tokens (0: one pass), with the group's collectives (copy_engines: their
+// staging counted).
 int fitting_cp(const ModelConfig& cfg, GpuWeightFormat format, GpuIndexer indexer,
                const std::vector<std::vector<int32_t>>& requests, const GpuRunOptions& opt,
-               int64_t chunk, size_t capacity) {
+               int64_t chunk, size_t capacity, bool copy_engines) {
     for (int c = 1; c <= 64; ++c) {
         if (cfg.moe_dim < c) break;
         const RunPlan p = make_run_plan(requests, cfg, c, opt.tbo, chunk, gpu_tbo_rule);
         const ExpertSlice widest = widest_slice(cfg.moe_dim, c);
         const int64_t width = slice_width(cfg.moe_dim, widest);
         const cuda::WeightNeeds needs = cuda::needs_of(cfg, widest, format, indexer);
-        if (cuda::workspace_bytes(cfg, p, c, width, opt, needs) +
+        if (cuda::workspace_bytes(cfg, p, c, width, opt, needs, copy_engines) +
                 gpu_rank_weight_bytes(cfg, widest, format) <=
             capacity)
             return c;
@@ -507,8 +508,9 @@ PrefillOutput GpuGroup::run(const std::vector<std::vector<int32_t>>& requests,
                     fitting_chunk);
     if (!short_of.empty()) {
         const int64_t advice_chunk = opt.chunk > 0 ? opt.chunk : kMinAutoChunk;
-        const int fit = fitting_cp(cfg, g.opt.weights, g.opt.indexer, requests, opt, advice_chunk,
-                                   memory_capacity(g, opt));
+        const int fit =
+            fitting_cp(cfg, g.opt.weights, g.opt.indexer, requests, opt, advice_chunk,
+                       memory_capacity(g, opt), g.opt.collectives == GpuCollectives::Ce);
         CPFILL_FAIL("out of GPU memory: {} tokens at --cp {}{}: {}; {}", total, C,
                     opt.chunk > 0 ? fmt::format(" --chunk {}", opt.chunk)
                                   : fmt::format(" (also in chunks of {})", kMinAutoChunk),
