@@ -1,7 +1,8 @@
 // CeComm: collectives of the ranks of one process through the GPUs' copy engines, a DeviceComm
 // (runtime/cuda/device_comm.h; docs/parallel.md, "Collectives: NCCL or the copy engines"). A rank
 // pulls what it receives from its peers' send buffers with peer copies queued on its own stream
-// (cudaMemcpyPeerAsync: the copy engines move the bytes, no SM runs for them); the streams order
+// (cudaMemcpyPeerAsync with peer access: the copy engines move the bytes, no SM runs for them; GPUs
+// without peer access between them are refused); the streams order
 // themselves through 64-bit flags in pinned host memory that they write and wait on
 // (cuStreamWriteValue64 / cuStreamWaitValue64), so no host thread waits inside a collective.
 //
@@ -59,10 +60,6 @@ class CeComm final : public DeviceComm {
                      const AbortFlag& flag, std::chrono::milliseconds deadline) override;
     void abort() noexcept override;
 
-    // Whether every peer's memory is reached directly (peer access enabled; else the copies go
-    // through the host). Known after use_buffers.
-    bool peers_direct() const { return direct_; }
-
   private:
     enum class Kind { Gather, ReduceScatter, AllReduce };
     void collective(Kind kind, const void* send, void* recv, int64_t count, CommData type,
@@ -80,7 +77,6 @@ class CeComm final : public DeviceComm {
     size_t bytes_ = 0;
     char* staging_ = nullptr;
     size_t staging_bytes_ = 0;
-    bool direct_ = true;
 };
 
 }  // namespace cpfill::cuda
