@@ -11,9 +11,11 @@
 #            8k,32k,64k,128k): measured end to end, not projected
 #   serve    scripts/serve-check.sh with `serve --cp N` (V4-Flash's dimensions, 32 experts) under
 #            bench-serve at 1, 8 and 32 clients, prompts of 1k and 8k tokens
+#   replicas scripts/serve-check.sh as `serve`, but N replicas of CP 1 (`serve --replicas N`):
+#            throughput and TTFT against `serve`'s CP N at the same clients (docs/serve.md)
 #   ce       the scaling sweep's CP N rows again with `--collectives ce` (the copy engines;
 #            docs/parallel.md): exposed communication and TTFT against the NCCL rows of `scaling`
-# CP_CHECK_PARTS picks some (default scaling,ce,flash,serve); N is every GPU (CP_N overrides).
+# CP_CHECK_PARTS picks some (default scaling,ce,flash,serve,replicas); N is every GPU (CP_N overrides).
 # Results under $OUT (or ./gpu-out): cp-<part>.md / .json / .log, and cp-check.txt, the summary.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the lent machines require.
 set -uo pipefail
@@ -30,7 +32,7 @@ if [ "${n:-0}" -lt 2 ]; then
     exit 1
 fi
 limit=${CP_CHECK_PART_TIMEOUT:-420}
-parts=,${CP_CHECK_PARTS:-scaling,ce,flash,serve},
+parts=,${CP_CHECK_PARTS:-scaling,ce,flash,serve,replicas},
 summary=$out/cp-check.txt
 echo "cp-check: $n GPUs, parts ${parts:1:-1}" | tee "$summary"
 status=0
@@ -62,6 +64,12 @@ if [[ $parts == *,flash,* ]]; then
 fi
 if [[ $parts == *,serve,* ]]; then
     run_part serve env OUT="$out" SERVE_CP="$n" SERVE_CLIENTS=1,8,32 \
+        SERVE_LENGTHS=1k,8k SERVE_CONFIG=scripts/configs/flash-slice-32-experts.json \
+        bash scripts/serve-check.sh
+fi
+if [[ $parts == *,replicas,* ]]; then
+    mkdir -p "$out/replicas"
+    run_part replicas env OUT="$out/replicas" SERVE_CP=1 SERVE_REPLICAS="$n" SERVE_CLIENTS=1,8,32 \
         SERVE_LENGTHS=1k,8k SERVE_CONFIG=scripts/configs/flash-slice-32-experts.json \
         bash scripts/serve-check.sh
 fi

@@ -7,8 +7,8 @@
 # experts.json is V4-Flash's dimensions with 32 experts (4.4 GB, as scripts/load-check.sh loads).
 # SERVE_LONG=N adds one request
 # of N tokens, over the default 8192-token batch budget, which the server runs in chunks.
-# SERVE_CP=N serves over N GPUs (`serve --cp N`); SERVE_CLIENTS the bench-serve concurrencies
-# (default 1,8). Logs and results under $OUT (or ./gpu-out).
+# SERVE_CP=N serves over N GPUs (`serve --cp N`), SERVE_REPLICAS=R R such replicas (R × N GPUs,
+# `serve --replicas R`); SERVE_CLIENTS the bench-serve concurrencies (default 1,8). Logs and results under $OUT (or ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu-out}
@@ -24,7 +24,8 @@ else
 fi
 "$bin" gen-model "${source_args[@]}" --names upstream --dtype fp8 --experts fp4 \
     --out "$model" >"$out/serve-gen.log" 2>&1 || { echo "serve-check: gen-model failed"; exit 1; }
-"$bin" serve --model "$model" --device cuda --cp "${SERVE_CP:-1}" --port 0 >"$out/serve.out" \
+"$bin" serve --model "$model" --device cuda --cp "${SERVE_CP:-1}" --replicas "${SERVE_REPLICAS:-1}" \
+    --port 0 >"$out/serve.out" \
     2>"$out/serve.log" &
 pid=$!
 port=""

@@ -4,12 +4,15 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "engine/prefill_engine.h"
 #include "io/model_config.h"
@@ -34,6 +37,7 @@ struct ServeArgs {
     std::string collectives = "nccl";
     std::string residual = "fp32";
     int cp = 1;
+    int replicas = 1;  // model replicas, each of `cp` ranks, each running its own batches
     std::string tbo = "auto";
     int threads = 0;
     std::string host = "127.0.0.1";
@@ -175,6 +179,15 @@ int serve_main(const ServeArgs& a) {
                  a.device);
     if (a.device == "cuda") require_cuda_device();
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error of that write only
+    const bool cuda = a.device == "cuda";
+    if (cuda) {
+        std::string why;
+        const int gpus = cuda_device_count(&why);
+        CPFILL_CHECK(a.replicas * a.cp <= gpus,
+                     "--replicas {} of --cp {} need {} GPUs (a GPU per rank), {} visible: expected "
+                     "--replicas × --cp <= {}",
+                     a.replicas, a.cp, a.replicas * a.cp, gpus, gpus);
+    }
     const ModelConfig cfg = load_model_config((fs::path(a.model) / "config.json").string());
     const std::optional<Tokenizer> tok = serve_tokenizer(a, cfg);
     const serve::ServerOptions opts = server_options(a, cfg, tok);
@@ -183,32 +196,44 @@ int serve_main(const ServeArgs& a) {
     const int port = server.start(a.host, a.port);
     fmt::print("listening on http://{}:{}\n", a.host, port);
     std::fflush(stdout);
-    EngineOptions eo;
-    eo.threads = a.threads;
-    eo.cp = a.cp;
-    eo.cuda = a.device == "cuda";
-    eo.weights = a.weights;
-    eo.gpu.indexer = parse_gpu_indexer(a.indexer);
-    eo.gpu.collectives = parse_gpu_collectives(a.collectives);
-    eo.residual = parse_residual_dtype(a.residual);
-    PrefillEngine engine(a.model, eo);
-    const double warmup = warm_up(engine, opts);
-    fmt::print(stderr, "serve: ready: load {:.3f} s, warm-up {:.3f} s ({}, CP={})\n",
-               engine.load_seconds(), warmup,
-               a.device == "cuda"
-                   ? fmt::format("CUDA {}", gpu_weight_format_name(engine.gpu_weight_format()))
-                   : std::string("CPU fp32"),
-               a.cp);
+    // Replica r of --cp C runs on GPUs rC … rC + C − 1; on the CPU the threads are shared out.
+    std::vector<std::unique_ptr<PrefillEngine>> engines;
+    double load = 0, warmup = 0;
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int r = 0; r < a.replicas; ++r) {
+        EngineOptions eo;
+        eo.threads = a.replicas == 1 ? a.threads
+                                     : std::max(1, (a.threads > 0 ? a.threads : hw) / a.replicas);
+        eo.cp = a.cp;
+        eo.cuda = cuda;
+        eo.weights = a.weights;
+        eo.gpu.indexer = parse_gpu_indexer(a.indexer);
+        eo.gpu.collectives = parse_gpu_collectives(a.collectives);
+        if (cuda)
+            for (int k = 0; k < a.cp; ++k) eo.gpu.devices.push_back(r * a.cp + k);
+        eo.residual = parse_residual_dtype(a.residual);
+        engines.push_back(std::make_unique<PrefillEngine>(a.model, eo));
+        load += engines.back()->load_seconds();
+        warmup += warm_up(*engines.back(), opts);
+    }
+    const PrefillEngine& first = *engines.front();
+    fmt::print(stderr, "serve: ready: load {:.3f} s, warm-up {:.3f} s ({}, {}CP={})\n", load,
+               warmup,
+               cuda ? fmt::format("CUDA {}", gpu_weight_format_name(first.gpu_weight_format()))
+                    : std::string("CPU fp32"),
+               a.replicas > 1 ? fmt::format("{} replicas of ", a.replicas) : std::string(), a.cp);
     serve::ReadyModel ready;
-    ready.run = [&engine](const std::vector<std::vector<int32_t>>& prompts, const RunOptions& ro) {
-        return engine.run(prompts, ro);
-    };
-    ready.load_seconds = engine.load_seconds();
+    for (auto& e : engines)
+        ready.runners.push_back(
+            [e = e.get()](const std::vector<std::vector<int32_t>>& prompts, const RunOptions& ro) {
+                return e->run(prompts, ro);
+            });
+    ready.load_seconds = load;
     ready.warmup_seconds = warmup;
-    if (a.device == "cuda")
-        ready.gpu_bytes_in_use = [cp = a.cp] {
+    if (cuda)
+        ready.gpu_bytes_in_use = [gpus = a.replicas * a.cp] {
             std::vector<size_t> used;
-            for (int d = 0; d < cp; ++d) {
+            for (int d = 0; d < gpus; ++d) {
                 const CudaDeviceInfo info = cuda_device_info(d);
                 used.push_back(info.total_bytes - info.free_bytes);
             }
@@ -235,6 +260,10 @@ Runner add_serve_command(CLI::App& app) {
     c->add_option("--device", a->device, "cpu, or cuda (one GPU per CP rank)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
     c->add_option("--cp", a->cp, "context-parallel ranks")->check(CLI::Range(1, 64));
+    c->add_option("--replicas", a->replicas,
+                  "model replicas of --cp ranks each, running batches side by side (on GPUs: "
+                  "replica r on GPUs r·cp … r·cp + cp − 1; docs/serve.md)")
+        ->check(CLI::Range(1, 64));
     c->add_option("--tbo", a->tbo, "two-batch overlap: on, off or auto")
         ->check(CLI::IsMember({"on", "off", "auto"}));
     c->add_option("--threads", a->threads, "CPU threads in all (default: all)");

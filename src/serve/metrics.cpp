@@ -89,8 +89,11 @@ std::string Metrics::render(const MetricsGauges& g) const {
                last_tokens_per_s_);
     render_one(out, "cpfill_queue_length", "gauge", "Requests waiting for a batch.",
                double(g.queue_length));
-    render_one(out, "cpfill_batch_running", "gauge", "1 while a batch runs.",
-               g.batch_running ? 1 : 0);
+    render_one(out, "cpfill_batch_running", "gauge",
+               "Batches running (1 while a batch runs; at most one per replica).",
+               double(g.batches_running));
+    render_one(out, "cpfill_replicas", "gauge", "Model replicas, each running its own batches.",
+               double(g.replicas));
     render_one(out, "cpfill_ready", "gauge", "1 once the model is loaded and warm.",
                g.ready ? 1 : 0);
     render_one(out, "cpfill_load_seconds", "gauge", "Seconds the model took to load.",

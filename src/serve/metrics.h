@@ -24,7 +24,8 @@ struct Histogram {
 // What a scrape reads from elsewhere at that moment.
 struct MetricsGauges {
     size_t queue_length = 0;
-    bool batch_running = false;
+    int batches_running = 0;  // at most one per replica
+    int replicas = 1;
     bool ready = false;
     double load_seconds = 0;
     double warmup_seconds = 0;

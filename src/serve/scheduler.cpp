@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "serve/http_error.h"
 
 namespace cpfill::serve {
@@ -23,8 +24,13 @@ JobResult failed(int status, const std::string& type, const std::string& message
 
 Scheduler::Scheduler(BatchRunner run, const SchedulerOptions& options,
                      std::function<void(int64_t, double, bool)> on_batch)
-    : run_(std::move(run)), opt_(options), on_batch_(std::move(on_batch)) {
-    worker_ = std::thread([this] { worker(); });
+    : Scheduler(std::vector<BatchRunner>{std::move(run)}, options, std::move(on_batch)) {}
+
+Scheduler::Scheduler(std::vector<BatchRunner> runners, const SchedulerOptions& options,
+                     std::function<void(int64_t, double, bool)> on_batch)
+    : runners_(std::move(runners)), opt_(options), on_batch_(std::move(on_batch)) {
+    CPFILL_CHECK(!runners_.empty(), "the scheduler needs at least one model replica");
+    for (size_t r = 0; r < runners_.size(); ++r) workers_.emplace_back([this, r] { worker(r); });
 }
 
 Scheduler::~Scheduler() { shutdown(); }
@@ -64,14 +70,16 @@ size_t Scheduler::queue_length() const {
     return queue_.size();
 }
 
-bool Scheduler::batch_running() const {
+bool Scheduler::batch_running() const { return batches_running() > 0; }
+
+int Scheduler::batches_running() const {
     std::lock_guard lock(mu_);
     return running_;
 }
 
 bool Scheduler::batch_held() const {
     std::lock_guard lock(mu_);
-    return held_;
+    return held_ > 0;
 }
 
 void Scheduler::release_batch() {
@@ -93,7 +101,8 @@ void Scheduler::shutdown() {
     for (auto& job : left)
         job->done.set_value(
             failed(503, "unavailable", "the server shut down before this request's batch started"));
-    if (worker_.joinable()) worker_.join();
+    for (auto& w : workers_)
+        if (w.joinable()) w.join();
 }
 
 // The front of the queue, in arrival order, while it fits the token budget and asks for the same
@@ -125,28 +134,28 @@ std::vector<std::unique_ptr<Scheduler::Job>> Scheduler::next_batch(std::unique_l
     return batch;
 }
 
-void Scheduler::worker() {
+void Scheduler::worker(size_t replica) {
     std::unique_lock lock(mu_);
     while (true) {
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, and shutdown() took what was queued
         std::vector<std::unique_ptr<Job>> batch = next_batch(lock);
         if (batch.empty()) continue;
-        running_ = true;
+        ++running_;
         if (opt_.hold_batches) {
-            held_ = true;
+            ++held_;
             cv_.wait(lock, [&] { return stopping_ || releases_ > 0; });
             if (releases_ > 0) --releases_;
-            held_ = false;
+            --held_;
         }
         lock.unlock();
-        run_batch(batch);
+        run_batch(runners_[replica], batch);
         lock.lock();
-        running_ = false;
+        --running_;
     }
 }
 
-void Scheduler::run_batch(std::vector<std::unique_ptr<Job>>& batch) {
+void Scheduler::run_batch(const BatchRunner& run, std::vector<std::unique_ptr<Job>>& batch) {
     const Clock::time_point start = Clock::now();
     std::vector<std::vector<int32_t>> prompts;
     int64_t tokens = 0;
@@ -162,7 +171,7 @@ void Scheduler::run_batch(std::vector<std::unique_ptr<Job>>& batch) {
     RunResult r;
     std::string error;
     try {
-        r = run_(prompts, ro);
+        r = run(prompts, ro);
         const size_t n = prompts.size();
         if (r.out.logits.size() != n || r.first_tokens.size() != n ||
             (ro.keep_kv && r.out.kv.size() != n))

@@ -1,8 +1,10 @@
 // The resident server's queue and batcher (docs/serve.md "Scheduling"): requests wait in arrival
-// order; one worker thread takes from the front as many as fit into max_batch_tokens (at least
-// one), runs them as one batch and hands each its share of the results. A request longer than the
-// budget runs alone, in chunks of the budget (chunk_long; both backends chunk), else it is refused
-// with 413 at submission. The batch runner is a function, so tests can put a fake model behind it.
+// order; a worker thread per model replica (one, or `serve --replicas R`) takes from the front as
+// many as fit into max_batch_tokens (at least one), runs them as one batch on its replica and
+// hands each its share of the results; idle replicas take the next batches meanwhile. A request
+// longer than the budget runs alone, in chunks of the budget (chunk_long; both backends chunk),
+// else it is refused with 413 at submission. The batch runner is a function, so tests can put a
+// fake model behind it.
 #pragma once
 
 #include <chrono>
@@ -55,8 +57,11 @@ struct SchedulerOptions {
 
 class Scheduler {
   public:
-    // on_batch (may be empty) is called from the worker after each batch: tokens, seconds, ok.
+    // on_batch (may be empty) is called from a worker after each batch: tokens, seconds, ok.
     Scheduler(BatchRunner run, const SchedulerOptions& options,
+              std::function<void(int64_t, double, bool)> on_batch = {});
+    // One worker per runner (a model replica each); at least one runner.
+    Scheduler(std::vector<BatchRunner> runners, const SchedulerOptions& options,
               std::function<void(int64_t, double, bool)> on_batch = {});
     ~Scheduler();
     Scheduler(const Scheduler&) = delete;
@@ -67,6 +72,8 @@ class Scheduler {
     std::future<JobResult> submit(JobSpec spec);
     size_t queue_length() const;
     bool batch_running() const;
+    int batches_running() const;  // at most one per replica
+    int replicas() const { return static_cast<int>(runners_.size()); }
     // Tests (hold_batches): true while a formed batch waits; release_batch lets one run.
     bool batch_held() const;
     void release_batch();
@@ -80,21 +87,21 @@ class Scheduler {
         int64_t tokens = 0;
         std::promise<JobResult> done;
     };
-    void worker();
+    void worker(size_t replica);
     std::vector<std::unique_ptr<Job>> next_batch(std::unique_lock<std::mutex>& lock);
-    void run_batch(std::vector<std::unique_ptr<Job>>& batch);
+    void run_batch(const BatchRunner& run, std::vector<std::unique_ptr<Job>>& batch);
 
-    BatchRunner run_;
+    std::vector<BatchRunner> runners_;
     SchedulerOptions opt_;
     std::function<void(int64_t, double, bool)> on_batch_;
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::unique_ptr<Job>> queue_;
     bool stopping_ = false;
-    bool running_ = false;
-    bool held_ = false;
+    int running_ = 0;  // batches running (one per busy replica)
+    int held_ = 0;     // formed batches waiting for release_batch (tests)
     int releases_ = 0;
-    std::thread worker_;
+    std::vector<std::thread> workers_;
 };
 
 }  // namespace cpfill::serve

@@ -60,7 +60,7 @@ void PrefillServer::set_ready(ReadyModel model) {
     if (stopping_) return;
     model_ = std::move(model);
     scheduler_ = std::make_shared<Scheduler>(
-        model_.run, opt_.scheduler,
+        model_.runners, opt_.scheduler,
         [this](int64_t tokens, double s, bool ok) { metrics_.record_batch(tokens, s, ok); });
 }
 
@@ -152,7 +152,8 @@ void PrefillServer::handle_metrics(httplib::Response& res) {
     }
     if (s) {
         g.queue_length = s->queue_length();
-        g.batch_running = s->batch_running();
+        g.batches_running = s->batches_running();
+        g.replicas = s->replicas();
     }
     res.set_content(metrics_.render(g), "text/plain; version=0.0.4");
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "io/model_config.h"
 #include "serve/metrics.h"
@@ -40,7 +41,7 @@ struct ServerOptions {
 
 // What the server needs once the model is loaded.
 struct ReadyModel {
-    BatchRunner run;
+    std::vector<BatchRunner> runners;  // one per replica (`serve --replicas`), at least one
     double load_seconds = 0;
     double warmup_seconds = 0;
     std::function<std::vector<size_t>()> gpu_bytes_in_use;  // cuda; may be empty

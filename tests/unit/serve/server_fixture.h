@@ -82,10 +82,10 @@ class TestServer {
         port_ = server_->start("127.0.0.1", 0);
         BatchRunner engine = [e = m.served.get()](const std::vector<std::vector<int32_t>>& p,
                                                   const RunOptions& ro) { return e->run(p, ro); };
-        ready_.run = s.wrap ? BatchRunner([engine, w = s.wrap](const auto& p, const auto& ro) {
+        ready_.runners = {s.wrap ? BatchRunner([engine, w = s.wrap](const auto& p, const auto& ro) {
             return w(p, ro, engine);
         })
-                            : engine;
+                                 : engine};
         if (s.ready) make_ready();
     }
     ~TestServer() {

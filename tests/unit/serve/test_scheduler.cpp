@@ -202,5 +202,29 @@ TEST(Scheduler, AClientGoneBeforeItsBatchIsDropped) {
     EXPECT_EQ(calls[1].prompts, (std::vector<std::vector<int32_t>>{{3}}));
 }
 
+// Two replicas: a batch held on one does not hold the queue; the other replica forms and runs the
+// next batch meanwhile, and each batch goes to exactly one replica.
+TEST(Scheduler, ReplicasRunBatchesSideBySide) {
+    FakeRunner one, two;
+    Scheduler s(std::vector<BatchRunner>{one.runner(), two.runner()}, held(4));
+    EXPECT_EQ(s.replicas(), 2);
+    auto a = s.submit(job({1, 2, 3, 4}));
+    ASSERT_TRUE(eventually([&] { return s.batches_running() == 1; }));
+    auto b = s.submit(job({5, 6, 7}));
+    ASSERT_TRUE(eventually([&] { return s.batches_running() == 2; }));
+    EXPECT_EQ(s.queue_length(), 0u);
+    auto c = s.submit(job({8}));  // both replicas busy: it waits
+    EXPECT_EQ(s.queue_length(), 1u);
+    for (int i = 0; i < 3; ++i) s.release_batch();
+    const JobResult ra = get(a), rb = get(b), rc = get(c);
+    EXPECT_EQ(ra.first_tokens.at(0), FakeRunner::expected_token({1, 2, 3, 4}));
+    EXPECT_EQ(rb.first_tokens.at(0), FakeRunner::expected_token({5, 6, 7}));
+    EXPECT_EQ(rc.first_tokens.at(0), FakeRunner::expected_token({8}));
+    const size_t n1 = one.snapshot().size(), n2 = two.snapshot().size();
+    EXPECT_EQ(n1 + n2, 3u);
+    EXPECT_GE(n1, 1u);
+    EXPECT_GE(n2, 1u);
+}
+
 }  // namespace
 }  // namespace cpfill::serve

@@ -154,6 +154,70 @@ TEST(CmdServe, SigtermFinishesTheRunningBatchRefusesTheQueuedAndExits0) {
     EXPECT_NE(err.find("status 503"), std::string::npos) << err;
 }
 
+// --replicas 2 --cp 2: two engines of two CPU ranks, each running its own batches. With batches
+// held, two requests form two batches that run side by side (the metric counts both); each answer
+// equals `cpfill run`'s for its prompt, whichever replica ran it.
+TEST(CmdServe, ReplicasRunBatchesSideBySide) {
+    TempDir tmp;
+    const std::string model = tmp.file("m");
+    ASSERT_EQ(test::run_cli("gen-model --preset tiny --seed 4 --out " + model).code, 0);
+    const auto first_token = [&](const std::string& ids) {
+        const test::CliResult run = test::run_cli("run --model " + model + " --input-ids " + ids +
+                                                  " --cp 2 --threads 2 --json");
+        EXPECT_EQ(run.code, 0) << run.out;
+        return nlohmann::json::parse(
+                   run.out.substr(run.out.find('{')))["requests"][0]["first_token"]
+            .get<int>();
+    };
+    const int expected_a = first_token("5,6,7,8"), expected_b = first_token("9,10,11");
+    ServeProcess serve("--model " + model +
+                           " --port 0 --threads 2 --cp 2 --replicas 2 --max-batch-tokens 4 "
+                           "--test-hold-batches",
+                       tmp.file("serve.log"));
+    const int port = serve.port();
+    ASSERT_GT(port, 0);
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(60, 0);
+    const auto metric = [&](const std::string& name) {
+        auto r = cli.Get("/metrics");
+        if (!r) return std::string();
+        const size_t at = r->body.find("\n" + name + " ");
+        return at == std::string::npos ? std::string() : r->body.substr(at + name.size() + 2, 1);
+    };
+    ASSERT_TRUE(eventually([&] {
+        auto r = cli.Get("/health");
+        return r && r->status == 200;
+    }));
+    EXPECT_EQ(metric("cpfill_replicas"), "2");
+    int status[2] = {0, 0}, token[2] = {-1, -1};
+    const auto post = [&](int i, const std::string& body) {
+        httplib::Client c("127.0.0.1", port);
+        c.set_read_timeout(60, 0);
+        auto r = c.Post("/v1/prefill", body, "application/json");
+        if (!r) return;
+        status[i] = r->status;
+        const auto j = nlohmann::json::parse(r->body, nullptr, false);
+        if (r->status == 200) token[i] = j["requests"][0]["first_token"].get<int>();
+    };
+    std::thread a([&] { post(0, R"({"input_ids": [5, 6, 7, 8]})"); });
+    EXPECT_TRUE(eventually([&] { return metric("cpfill_batch_running") == "1"; }));
+    std::thread b([&] { post(1, R"({"input_ids": [9, 10, 11]})"); });
+    // The second batch is formed by the other replica while the first is held: both run.
+    EXPECT_TRUE(eventually([&] { return metric("cpfill_batch_running") == "2"; }));
+    EXPECT_EQ(metric("cpfill_queue_length"), "0");
+    serve.signal(SIGTERM);  // releases the held batches; both finish
+    a.join();
+    b.join();
+    EXPECT_EQ(serve.wait_exit(), 0);
+    EXPECT_EQ(status[0], 200);
+    EXPECT_EQ(status[1], 200);
+    EXPECT_EQ(token[0], expected_a);
+    EXPECT_EQ(token[1], expected_b);
+    std::ifstream f(tmp.file("serve.log"));
+    const std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(err.find("2 replicas of CP=2"), std::string::npos) << err;
+}
+
 // Under mpirun every process would start a server of its own on one GPU: serve refuses, naming
 // the one-process way to use several GPUs, before it binds a port or loads anything.
 TEST(CmdServe, UnderMpirunIsRefusedNamingCp) {
