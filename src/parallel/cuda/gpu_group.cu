@@ -436,7 +436,11 @@ size_t memory_capacity(GpuGroup::Impl& g, const GpuRunOptions& opt) {
 std::string memory_shortfall(GpuGroup::Impl& g, const ModelConfig& cfg, const RunPlan& plan,
                              const GpuRunOptions& opt) {
     for (auto& r : g.ranks) {
-        const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, r->weights->width, opt,
+        // (The runner's width: the widest slice's with copy-engine collectives.)
+        const int64_t width = r->copy_engines
+                                  ? slice_width(cfg.moe_dim, widest_slice(cfg.moe_dim, g.opt.cp))
+                                  : r->weights->width;
+        const size_t need = cuda::workspace_bytes(cfg, plan, g.opt.cp, width, opt,
                                                   cuda::needs_of(*r->weights), r->copy_engines);
         size_t free_b = 0, total_b = 0;
         CPFILL_CUDA_CHECK(cudaSetDevice(r->device));

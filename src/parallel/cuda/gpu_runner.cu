@@ -8,6 +8,8 @@
 #include "core/dtype.h"
 #include "model/cuda/gpu_attention.h"
 #include "model/cuda/gpu_moe.h"
+#include "model/weight_bytes.h"
+#include "model/weights.h"
 #include "ops/cuda/grouped_fp8.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/moe_dispatch.h"
@@ -188,7 +190,11 @@ class Runner final : public RankBackend {
 void Runner::setup() {
     const int C = dev_.cp;
     const WeightNeeds needs = needs_of(W_);
-    const size_t need = workspace_bytes(cfg_, plan_, C, W_.width, opt_, needs, dev_.copy_engines);
+    // Copy-engine collectives find a peer's buffers at this rank's offsets: every rank plans for
+    // the widest expert slice, so that the layouts agree where the slices do not.
+    const int64_t width =
+        dev_.copy_engines ? slice_width(cfg_.moe_dim, widest_slice(cfg_.moe_dim, C)) : W_.width;
+    const size_t need = workspace_bytes(cfg_, plan_, C, width, opt_, needs, dev_.copy_engines);
     if (!dev_.arena || dev_.arena->capacity() < need) {
         const auto t0 = std::chrono::steady_clock::now();
         dev_.arena.reset();
@@ -199,7 +205,7 @@ void Runner::setup() {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     dev_.arena->reset();
-    carve(*dev_.arena, ws_, cfg_, plan_, C, W_.width, opt_, needs, dev_.copy_engines);
+    carve(*dev_.arena, ws_, cfg_, plan_, C, width, opt_, needs, dev_.copy_engines);
     // Copy-engine collectives find the peers' buffers by their offsets in the arena (laid out
     // alike on every rank) and stage reductions in the workspace: registered once per run.
     if (C > 1 && !opt_.no_comm) {
