@@ -169,8 +169,7 @@ GpuGroup::GpuGroup(const GpuGroupOptions& opt) : impl_(std::make_unique<Impl>())
     CPFILL_CHECK(!ce || threaded,
                  "--collectives ce needs every rank in one process; under mpirun use "
                  "--collectives nccl");
-    // (Explicit devices may repeat one GPU: tests run copy-engine ranks side by side on one.)
-    if (threaded && !(ce && opt.devices.size() == static_cast<size_t>(C)))
+    if (threaded)
         CPFILL_CHECK(C <= n_dev,
                      "--cp {} needs {} GPUs in this process but {} are visible (run under mpirun "
                      "for more machines, or lower --cp)",
