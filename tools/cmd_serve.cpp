@@ -197,21 +197,22 @@ int serve_main(const ServeArgs& a) {
     fmt::print("listening on http://{}:{}\n", a.host, port);
     std::fflush(stdout);
     // Replica r of --cp C runs on GPUs rC … rC + C − 1; on the CPU the threads are shared out.
+    EngineOptions common;
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    common.threads =
+        a.replicas == 1 ? a.threads : std::max(1, (a.threads > 0 ? a.threads : hw) / a.replicas);
+    common.cp = a.cp;
+    common.cuda = cuda;
+    common.weights = a.weights;
+    common.gpu.indexer = parse_gpu_indexer(a.indexer);
+    common.gpu.collectives = parse_gpu_collectives(a.collectives);
+    common.residual = parse_residual_dtype(a.residual);
     std::vector<std::unique_ptr<PrefillEngine>> engines;
     double load = 0, warmup = 0;
-    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     for (int r = 0; r < a.replicas; ++r) {
-        EngineOptions eo;
-        eo.threads = a.replicas == 1 ? a.threads
-                                     : std::max(1, (a.threads > 0 ? a.threads : hw) / a.replicas);
-        eo.cp = a.cp;
-        eo.cuda = cuda;
-        eo.weights = a.weights;
-        eo.gpu.indexer = parse_gpu_indexer(a.indexer);
-        eo.gpu.collectives = parse_gpu_collectives(a.collectives);
+        EngineOptions eo = common;
         if (cuda)
             for (int k = 0; k < a.cp; ++k) eo.gpu.devices.push_back(r * a.cp + k);
-        eo.residual = parse_residual_dtype(a.residual);
         engines.push_back(std::make_unique<PrefillEngine>(a.model, eo));
         load += engines.back()->load_seconds();
         warmup += warm_up(*engines.back(), opts);

@@ -70,8 +70,6 @@ size_t Scheduler::queue_length() const {
     return queue_.size();
 }
 
-bool Scheduler::batch_running() const { return batches_running() > 0; }
-
 int Scheduler::batches_running() const {
     std::lock_guard lock(mu_);
     return running_;

@@ -71,7 +71,6 @@ class Scheduler {
     // where nothing chunks).
     std::future<JobResult> submit(JobSpec spec);
     size_t queue_length() const;
-    bool batch_running() const;
     int batches_running() const;  // at most one per replica
     int replicas() const { return static_cast<int>(runners_.size()); }
     // Tests (hold_batches): true while a formed batch waits; release_batch lets one run.

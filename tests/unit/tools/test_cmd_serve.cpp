@@ -97,6 +97,20 @@ class ServeProcess {
     bool exited_ = false;
 };
 
+// The first character of a metric's value in /metrics ("" when absent or unreachable): the gauges
+// these tests read are single digits.
+std::string metric_digit(httplib::Client& cli, const std::string& name) {
+    auto r = cli.Get("/metrics");
+    if (!r) return std::string();
+    const size_t at = r->body.find("\n" + name + " ");
+    return at == std::string::npos ? std::string() : r->body.substr(at + name.size() + 2, 1);
+}
+
+bool healthy(httplib::Client& cli) {
+    auto r = cli.Get("/health");
+    return r && r->status == 200;
+}
+
 TEST(CmdServe, SigtermFinishesTheRunningBatchRefusesTheQueuedAndExits0) {
     TempDir tmp;
     const std::string model = tmp.file("m");
@@ -112,16 +126,8 @@ TEST(CmdServe, SigtermFinishesTheRunningBatchRefusesTheQueuedAndExits0) {
     ASSERT_GT(port, 0);
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(60, 0);
-    const auto metric = [&](const std::string& name) {
-        auto r = cli.Get("/metrics");
-        if (!r) return std::string();
-        const size_t at = r->body.find("\n" + name + " ");
-        return at == std::string::npos ? std::string() : r->body.substr(at + name.size() + 2, 1);
-    };
-    ASSERT_TRUE(eventually([&] {
-        auto r = cli.Get("/health");
-        return r && r->status == 200;
-    }));
+    const auto metric = [&](const std::string& name) { return metric_digit(cli, name); };
+    ASSERT_TRUE(eventually([&] { return healthy(cli); }));
     int status_a = 0, status_b = 0;
     nlohmann::json answer_a;
     std::thread a([&] {
@@ -178,16 +184,8 @@ TEST(CmdServe, ReplicasRunBatchesSideBySide) {
     ASSERT_GT(port, 0);
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(60, 0);
-    const auto metric = [&](const std::string& name) {
-        auto r = cli.Get("/metrics");
-        if (!r) return std::string();
-        const size_t at = r->body.find("\n" + name + " ");
-        return at == std::string::npos ? std::string() : r->body.substr(at + name.size() + 2, 1);
-    };
-    ASSERT_TRUE(eventually([&] {
-        auto r = cli.Get("/health");
-        return r && r->status == 200;
-    }));
+    const auto metric = [&](const std::string& name) { return metric_digit(cli, name); };
+    ASSERT_TRUE(eventually([&] { return healthy(cli); }));
     EXPECT_EQ(metric("cpfill_replicas"), "2");
     int status[2] = {0, 0}, token[2] = {-1, -1};
     const auto post = [&](int i, const std::string& body) {
@@ -216,6 +214,17 @@ TEST(CmdServe, ReplicasRunBatchesSideBySide) {
     std::ifstream f(tmp.file("serve.log"));
     const std::string err((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     EXPECT_NE(err.find("2 replicas of CP=2"), std::string::npos) << err;
+}
+
+// --replicas outside 1 … 64 is a usage error naming the option, before anything listens.
+TEST(CmdServe, ReplicasOutOfRangeIsRefused) {
+    for (const char* n : {"0", "65"}) {
+        const test::CliResult r =
+            test::run_cli(std::string("serve --model /nonexistent --port 0 --replicas ") + n);
+        EXPECT_NE(r.code, 0) << r.out;
+        EXPECT_NE(r.out.find("--replicas"), std::string::npos) << r.out;
+        EXPECT_EQ(r.out.find("listening"), std::string::npos) << r.out;
+    }
 }
 
 // Under mpirun every process would start a server of its own on one GPU: serve refuses, naming
