@@ -1,7 +1,6 @@
 // fp8 against bf16 GEMMs through cuBLASLt at DeepSeek-V4 shapes: TFLOP/s of gemm_bf16, gemm_fp8
 // with 128×128 weight tiles (the dense linears as shipped) and with 1×128 weight blocks (the
-// experts re-encoded from fp4), cpfill's grouped fp8 kernel as one expert on the 128×128 tiles
-// (CPFILL_FP8_GEMM=cpfill), and the rate of the activation quantisation (GB/s of bf16 read).
+// experts re-encoded from fp4), and the rate of the activation quantisation (GB/s of bf16 read).
 // Then the routed experts of one layer at 64k tokens (E experts of R rows each): the grouped fp8
 // kernel (ops/cuda/grouped_fp8.h, one launch) with each of its epilogues (registers, TMA stores)
 // against a cuBLASLt GEMM per expert on one stream.
@@ -119,10 +118,8 @@ int main(int argc, char** argv) {
                                            {1536, 4096, 4096, "expert gate_up, 64k tokens"},
                                            {1536, 4096, 2048, "expert down, 64k tokens"},
                                            {16384, 32768, 1024, "wq_b-like"}};
-        fmt::print(
-            "| M×N×K | what | bf16 TFLOP/s | fp8 tile128 | fp8 row128 | fp8 tile128, cpfill's "
-            "grouped kernel | act quant GB/s |\n");
-        fmt::print("|---|---|---:|---:|---:|---:|---:|\n");
+        fmt::print("| M×N×K | what | bf16 TFLOP/s | fp8 tile128 | fp8 row128 | act quant GB/s |\n");
+        fmt::print("|---|---|---:|---:|---:|---:|\n");
         oc::GemmContext ctx;
         for (const Shape& s : shapes) {
             cuda::DeviceBuffer x(s.m * s.k * 2), w(s.n * s.k * 2), y(s.m * s.n * 2);
@@ -168,30 +165,14 @@ int main(int argc, char** argv) {
             } catch (const Error& e) {
                 row = "no algorithm";
             }
-            std::string grouped = "not this GPU";
-            if (oc::grouped_fp8_supported()) {
-                oc::GroupedFp8Gemm g;  // one expert of all M rows (pfirst null)
-                g.x = xq.as<void>();
-                g.xs = xs.as<float>();
-                g.n_pad = s.m;
-                g.n_experts = 1;
-                g.w = wq.as<void>();
-                g.ws = wt.as<float>();
-                g.in = s.k;
-                g.out = s.n;
-                g.y = y.as<__nv_bfloat16>();
-                grouped = fmt::format(
-                    "{:.0f}",
-                    flop / time_ms([&] { oc::grouped_gemm_fp8(g, nullptr); }, reps) / 1e9);
-            }
             const double q = time_ms(
                 [&] {
                     oc::quantize_act_fp8(x.as<__nv_bfloat16>(), s.k, s.m, s.k, xq.as<void>(),
                                          xs.as<float>(), nullptr);
                 },
                 reps);
-            fmt::print("| {}×{}×{} | {} | {:.0f} | {} | {} | {} | {:.0f} |\n", s.m, s.n, s.k,
-                       s.what, flop / bf / 1e9, tile, row, grouped, s.m * s.k * 2.0 / q / 1e6);
+            fmt::print("| {}×{}×{} | {} | {:.0f} | {} | {} | {:.0f} |\n", s.m, s.n, s.k, s.what,
+                       flop / bf / 1e9, tile, row, s.m * s.k * 2.0 / q / 1e6);
         }
         grouped_experts(experts, rows / 4 * 4, reps);
     } catch (const std::exception& e) {

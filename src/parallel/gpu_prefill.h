@@ -159,9 +159,8 @@ struct GpuCeilings {
 };
 GpuCeilings measure_gpu_ceilings();
 
-// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION,
-// CPFILL_FP8_GEMM; docs/cli.md), on device 0, in words for reports: "attention_wg (attention),
-// cuBLASLt (fp8 dense GEMMs)".
+// The GPU kernels the prefill of `cfg` takes where there is a choice (CPFILL_ATTENTION;
+// docs/cli.md), on device 0, in words for reports: "attention_wg (attention)".
 std::string gpu_kernel_choices(const ModelConfig& cfg);
 
 class GpuGroup {

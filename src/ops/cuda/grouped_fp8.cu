@@ -79,21 +79,14 @@ struct OutMaps {
 
 struct Args {
     const float* xs;
-    const int32_t* pfirst;  // null: one expert of n_pad rows (a dense GEMM)
-    int n_pad;
+    const int32_t* pfirst;
     int n_experts;
     const float* ws;
     int64_t ws_per_expert;
     const float* ws_last;  // set: the last expert's scales (GroupedFp8Gemm::w_last)
     int in, out;
     __nv_bfloat16* y;
-    int64_t ldy;  // y's row stride (elements)
 };
-
-// The first padded row of expert e (e = E: all rows).
-__device__ __forceinline__ int first_row(const Args& a, int e) {
-    return a.pfirst ? a.pfirst[e] : (e == 0 ? 0 : a.n_pad);
-}
 
 struct Tile {
     int e, mt, nt;
@@ -112,14 +105,12 @@ __device__ Tile tile_of(const int32_t* tile_first, int E, int n_tiles_n, int t) 
     return {lo, local / n_tiles_n, local % n_tiles_n};
 }
 
-// Warp 0: tile_first from the experts' first rows (ceil(m4_e / kBM) row tiles of n_tiles_n output
-// tiles each).
-__device__ void count_tiles(int32_t* tile_first, const Args& a, int E, int n_tiles_n) {
+// Warp 0: tile_first from pfirst (ceil(m4_e / kBM) row tiles of n_tiles_n output tiles each).
+__device__ void count_tiles(int32_t* tile_first, const int32_t* pfirst, int E, int n_tiles_n) {
     const int lane = threadIdx.x % 32, per = (E + 31) / 32;
     const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
     int sum = 0;
-    for (int e = e0; e < e1; ++e)
-        sum += (first_row(a, e + 1) - first_row(a, e) + kBM - 1) / kBM * n_tiles_n;
+    for (int e = e0; e < e1; ++e) sum += (pfirst[e + 1] - pfirst[e] + kBM - 1) / kBM * n_tiles_n;
     int incl = sum;
     for (int o = 1; o < 32; o *= 2) {
         const int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -128,7 +119,7 @@ __device__ void count_tiles(int32_t* tile_first, const Args& a, int E, int n_til
     int run = incl - sum;
     for (int e = e0; e < e1; ++e) {
         tile_first[e] = run;
-        run += (first_row(a, e + 1) - first_row(a, e) + kBM - 1) / kBM * n_tiles_n;
+        run += (pfirst[e + 1] - pfirst[e] + kBM - 1) / kBM * n_tiles_n;
     }
     if (lane == 31) tile_first[E] = incl;
 }
@@ -202,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN;
     const int n_kb = a.in * (kBf16 ? 2 : 1) / kBK;  // k-blocks of 128 bytes
-    if (threadIdx.x < 32) count_tiles(s.tile_first, a, E, n_tiles_n);
+    if (threadIdx.x < 32) count_tiles(s.tile_first, a.pfirst, E, n_tiles_n);
     if (threadIdx.x == 32) {
         for (int i = 0; i < kStages; ++i) {
             mbar_init(&s.full[i], 1);
@@ -222,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
             const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
             const bool last = a.ws_last && tl.e == E - 1;  // the expert held apart
-            const int row0 = first_row(a, tl.e) + tl.mt * kBM;
+            const int row0 = a.pfirst[tl.e] + tl.mt * kBM;
             const int wrow0 = (last ? 0 : tl.e * a.out) + tl.nt * kBN;
             const CUtensorMap* mw = last ? &map_w_last : &map_w;
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
@@ -241,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int it = 0;  // k-blocks consumed by this block so far (the ring's position)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
-        const int p0 = first_row(a, tl.e), m4 = first_row(a, tl.e + 1) - p0;
+        const int p0 = a.pfirst[tl.e], m4 = a.pfirst[tl.e + 1] - p0;
         const int r0 = tl.mt * kBM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
         const int c0 = tl.nt * kBN;
         const bool second = c0 + kBN / 2 < a.out;  // the tile's second 128 outputs exist
@@ -336,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         if constexpr (kEpi == Epilogue::Registers) {
-            __nv_bfloat16* y = a.y + int64_t{p0} * a.ldy + c0 + 2 * (lane % 4);
+            __nv_bfloat16* y = a.y + int64_t{p0} * a.out + c0 + 2 * (lane % 4);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (h == 1 && !second) break;
@@ -344,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int half_row = 0; half_row < 2; ++half_row) {
                     const int r = half_row ? r1 : r0;
                     if (r >= m4) continue;
-                    __nv_bfloat16* row = y + int64_t{r} * a.ldy + h * 128;
+                    __nv_bfloat16* row = y + int64_t{r} * a.out + h * 128;
 #pragma unroll
                     for (int i = 0; i < 16; ++i)
                         *reinterpret_cast<__nv_bfloat162*>(row + 8 * i) = __floats2bfloat162_rn(
@@ -370,12 +361,12 @@ CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows)
     return e4m3_tile_map(base, rows, cols, box_rows, "grouped expert GEMM");
 }
 
-// bf16 y [rows, cols] (row stride ld) written in boxes of box_rows × 64 outputs (128 bytes) from
-// shared memory in the 128-byte swizzle.
-CUtensorMap out_map(__nv_bfloat16* y, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+// bf16 y [rows, cols] written in boxes of box_rows × 64 outputs (128 bytes) from shared memory in
+// the 128-byte swizzle.
+CUtensorMap out_map(__nv_bfloat16* y, int64_t rows, int64_t cols, int box_rows) {
     CUtensorMap m{};
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
     const cuuint32_t box[2] = {kYChunkCols, static_cast<cuuint32_t>(box_rows)}, elem[2] = {1, 1};
     const CUresult r =
         tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims, strides, box, elem,
@@ -421,18 +412,13 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                      g.n_pad < (int64_t{1} << 31),
                  "grouped fp8 GEMM: {} rows × {} × {} over {} experts is out of range", g.n_pad,
                  g.out, g.in, g.n_experts);
-    const int64_t ldy = g.ldy > 0 ? g.ldy : g.out;
-    CPFILL_CHECK(ldy >= g.out, "grouped fp8 GEMM: row stride {} below the {} outputs", ldy, g.out);
-    CPFILL_CHECK(g.pfirst != nullptr || g.n_experts == 1,
-                 "grouped fp8 GEMM: {} experts without their first rows", g.n_experts);
     const bool tma_store = g.epilogue == Epilogue::TmaStore;
     CPFILL_CHECK(tma_store || g.epilogue == Epilogue::Registers,
                  "grouped fp8 GEMM: epilogue {} is neither Registers nor TmaStore",
                  static_cast<int>(g.epilogue));
-    CPFILL_CHECK(!tma_store || (reinterpret_cast<uintptr_t>(g.y) % 16 == 0 && ldy % 8 == 0),
-                 "grouped fp8 GEMM: the TmaStore epilogue needs y 16-byte aligned and a row "
-                 "stride of a multiple of 8 (y = {}, stride {})",
-                 static_cast<const void*>(g.y), ldy);
+    CPFILL_CHECK(!tma_store || reinterpret_cast<uintptr_t>(g.y) % 16 == 0,
+                 "grouped fp8 GEMM: the TmaStore epilogue needs y 16-byte aligned (y = {})",
+                 static_cast<const void*>(g.y));
     const bool apart = g.w_last != nullptr;
     CPFILL_CHECK(apart == (g.ws_last != nullptr),
                  "grouped fp8 GEMM: the last expert's weights and scales are given together");
@@ -445,21 +431,19 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
     const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, kBN) : mw;
     OutMaps my{};
     if (tma_store) {
-        my.rows64 = out_map(g.y, g.n_pad, g.out, ldy, kYBox);
-        my.rows8 = out_map(g.y, g.n_pad, g.out, ldy, kYBoxMid);
-        my.rows4 = out_map(g.y, g.n_pad, g.out, ldy, kYBoxTail);
+        my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
+        my.rows8 = out_map(g.y, g.n_pad, g.out, kYBoxMid);
+        my.rows4 = out_map(g.y, g.n_pad, g.out, kYBoxTail);
     }
     const Args a{g.xs,
                  g.pfirst,
-                 static_cast<int>(g.n_pad),
                  g.n_experts,
                  g.ws,
                  g.ws_per_expert,
                  g.ws_last,
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
-                 g.y,
-                 ldy};
+                 g.y};
     if (tma_store)
         launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
     else
@@ -481,15 +465,13 @@ void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
     const CUtensorMap mw = tile_map(g.w, g.n_experts * g.out, 2 * g.in, kBN);
     const Args a{nullptr,
                  g.first,
-                 static_cast<int>(g.rows),
                  g.n_experts,
                  nullptr,
                  0,
                  nullptr,
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
-                 g.y,
-                 g.out};
+                 g.y};
     launch<Epilogue::Registers, true>(mx, mw, mw, OutMaps{}, a, stream);
 }
 

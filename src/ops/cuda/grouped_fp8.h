@@ -29,7 +29,7 @@ struct GroupedFp8Gemm {
     const void* x = nullptr;
     const float* xs = nullptr;
     int64_t n_pad = 0;                // pfirst[E], as the host knows it
-    const int32_t* pfirst = nullptr;  // device [E + 1]; null: one expert of n_pad rows (dense)
+    const int32_t* pfirst = nullptr;  // device [E + 1]
     int n_experts = 0;
     // Weights: e4m3 [E][out][in] with 128×128 tile scales (Fp8Blocks::Tile128) per expert,
     // expert e's at ws + e · ws_per_expert.
@@ -43,7 +43,6 @@ struct GroupedFp8Gemm {
     const float* ws_last = nullptr;
     int64_t in = 0, out = 0;     // multiples of 128
     __nv_bfloat16* y = nullptr;  // [n_pad, out]: every padded row of every expert is written
-    int64_t ldy = 0;             // y's row stride in elements (0: out)
     // TmaStore, the faster on the H200 (docs/fp8.md: 1,269 / 1,225 TFLOP/s against 1,142 / 957 at
     // the V4-Flash expert shapes); it needs y 16-byte aligned. Registers stays as the measured
     // baseline of bench/fp8_gemm_bench and the reference its tests compare bits against.
