@@ -134,8 +134,13 @@ void add_collectives_option(CLI::App& c, std::string& value) {
         ->each([](const std::string& v) {
             // Before CUDA starts (parsing comes first): room for every stream a rank keeps, so
             // that a stream waiting on a peer's flag never shares a hardware queue with work
-            // that peer's flag needs (docs/parallel.md). A value the user set stays.
-            if (v == "ce") setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+            // that peer's flag needs; and every kernel loaded at start-up, since a kernel's
+            // first launch under lazy loading waits for the device, where a stream may wait for
+            // a peer held up behind that launch (docs/parallel.md). Values the user set stay.
+            if (v == "ce") {
+                setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+                setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+            }
         })
         ->capture_default_str();
 }

@@ -221,6 +221,12 @@ CeComm::CeComm(std::shared_ptr<CeGroup> group, int rank)
                  "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0); use --collectives nccl",
                  device_);
     group_->alloc_flags();
+    // The sum kernels loaded now, not at their first launch: with lazy module loading (CUDA's
+    // default) a first launch waits for the device, where this rank's stream may wait for a flag
+    // that a peer, blocked behind that launch, never queues (docs/parallel.md).
+    cudaFuncAttributes attr{};
+    CPFILL_CUDA_CHECK(cudaFuncGetAttributes(&attr, sum_parts8));
+    CPFILL_CUDA_CHECK(cudaFuncGetAttributes(&attr, sum_parts1));
 }
 
 CeComm::~CeComm() = default;
