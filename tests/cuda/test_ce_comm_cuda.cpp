@@ -89,12 +89,12 @@ int value(int r, int64_t i) { return static_cast<int>((i * 7 + r * 13) % 61) - 3
 // context; with lazy loading, the first launch of a kernel waits for the device, where one rank's
 // stream waits for a flag the other rank's thread, blocked behind that launch, never queues (most
 // likely why the second GPU run of these tests, in the suite's process, hung: session 36).
-void run_in_child(const std::string& filter, const std::string& log_name) {
+void run_in_child(const std::string& filter, const std::string& log_name, int timeout_s) {
     const std::string log = (std::filesystem::temp_directory_path() / log_name).string();
     const std::string cmd = fmt::format(
-        "CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER timeout 300 /proc/{}/exe "
+        "CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER timeout {} /proc/{}/exe "
         "--gtest_also_run_disabled_tests --gtest_filter='{}' > {} 2>&1",
-        static_cast<long>(getpid()), filter, log);
+        timeout_s, static_cast<long>(getpid()), filter, log);
     const int rc = std::system(cmd.c_str());
     std::ifstream in(log);
     const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -104,7 +104,7 @@ void run_in_child(const std::string& filter, const std::string& log_name) {
     for (std::string line; std::getline(lines, line);)
         if (line.rfind("[ compare ]", 0) == 0) std::printf("%s\n", line.c_str());
     ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-    ASSERT_NE(WEXITSTATUS(rc), 124) << "hung (killed after 300 s): " << out;
+    ASSERT_NE(WEXITSTATUS(rc), 124) << "hung (killed after " << timeout_s << " s): " << out;
     EXPECT_EQ(WEXITSTATUS(rc), 0) << out;
     EXPECT_EQ(out.find("[  SKIPPED ]"), std::string::npos) << out;
     EXPECT_NE(out.find("[  PASSED  ]"), std::string::npos) << out;
@@ -230,7 +230,7 @@ TEST(CeComm, DISABLED_AbortEndsAWaitingStream) {
 // The collectives with ranks side by side on GPU 0 and the abort, in a child process.
 TEST(CeComm, OnOneGpu) {
     CPFILL_SKIP_WITHOUT_GPU();
-    run_in_child("CeComm.DISABLED_*", "cpfill_ce_comm.log");
+    run_in_child("CeComm.DISABLED_*", "cpfill_ce_comm.log", 120);
 }
 
 // The prefill over copy-engine collectives: C ranks side by side on GPU 0 against CP = 1, with
@@ -286,7 +286,7 @@ TEST(GpuCopyEngines, DISABLED_CpEqualsCp1AndNccl) {
 TEST(GpuCopyEngines, CpEqualsCp1AndNccl) {
     CPFILL_SKIP_WITHOUT_GPU();
     if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
-    run_in_child("GpuCopyEngines.DISABLED_CpEqualsCp1AndNccl", "cpfill_ce_prefill.log");
+    run_in_child("GpuCopyEngines.DISABLED_CpEqualsCp1AndNccl", "cpfill_ce_prefill.log", 300);
 }
 
 }  // namespace
