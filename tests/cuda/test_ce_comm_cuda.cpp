@@ -83,13 +83,14 @@ void sync_or_abort(cudaStream_t st, CeComm& comm, const char* what) {
 // so are the sums of up to 3 ranks).
 int value(int r, int64_t i) { return static_cast<int>((i * 7 + r * 13) % 61) - 30 + r; }
 
-// Runs `filter` (tests named DISABLED_…) of this binary in a child process under `timeout`, with
-// 32 hardware queues and eager module loading, as `--collectives ce` sets them: a deadlock then
-// fails the calling test instead of stalling the suite. Ranks side by side on one GPU share its
-// context; with lazy loading, the first launch of a kernel waits for the device, where one rank's
-// stream waits for a flag the other rank's thread, blocked behind that launch, never queues (most
-// likely why the second GPU run of these tests, in the suite's process, hung: session 36).
-void run_in_child(const std::string& filter, const std::string& log_name, int timeout_s) {
+// Runs `filter` (`tests` tests named DISABLED_…) of this binary in a child process under `timeout`,
+// with 32 hardware queues and eager module loading, as `--collectives ce` sets them: a deadlock
+// then fails the calling test instead of stalling the suite. Ranks side by side on one GPU share
+// its context; with lazy loading, the first launch of a kernel waits for the device, where one
+// rank's stream waits for a flag the other rank's thread, blocked behind that launch, never queues
+// (most likely why the second GPU run of these tests, in the suite's process, hung: session 36).
+void run_in_child(const std::string& filter, int tests, const std::string& log_name,
+                  int timeout_s) {
     const std::string log = (std::filesystem::temp_directory_path() / log_name).string();
     const std::string cmd = fmt::format(
         "CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER timeout {} /proc/{}/exe "
@@ -107,7 +108,8 @@ void run_in_child(const std::string& filter, const std::string& log_name, int ti
     ASSERT_NE(WEXITSTATUS(rc), 124) << "hung (killed after " << timeout_s << " s): " << out;
     EXPECT_EQ(WEXITSTATUS(rc), 0) << out;
     EXPECT_EQ(out.find("[  SKIPPED ]"), std::string::npos) << out;
-    EXPECT_NE(out.find("[  PASSED  ]"), std::string::npos) << out;
+    // All of them passed (not a filter that matched none): "[  PASSED  ] 1 test." / "2 tests.".
+    EXPECT_NE(out.find(fmt::format("[  PASSED  ] {} test", tests)), std::string::npos) << out;
 }
 
 // Runs in a child process (CeComm.OnOneGpu below).
@@ -230,7 +232,7 @@ TEST(CeComm, DISABLED_AbortEndsAWaitingStream) {
 // The collectives with ranks side by side on GPU 0 and the abort, in a child process.
 TEST(CeComm, OnOneGpu) {
     CPFILL_SKIP_WITHOUT_GPU();
-    run_in_child("CeComm.DISABLED_*", "cpfill_ce_comm.log", 120);
+    run_in_child("CeComm.DISABLED_*", 2, "cpfill_ce_comm.log", 120);
 }
 
 // The prefill over copy-engine collectives: C ranks side by side on GPU 0 against CP = 1, with
@@ -286,7 +288,7 @@ TEST(GpuCopyEngines, DISABLED_CpEqualsCp1AndNccl) {
 TEST(GpuCopyEngines, CpEqualsCp1AndNccl) {
     CPFILL_SKIP_WITHOUT_GPU();
     if (cuda_device_count(nullptr) < 2) GTEST_SKIP() << "needs 2 GPUs";
-    run_in_child("GpuCopyEngines.DISABLED_CpEqualsCp1AndNccl", "cpfill_ce_prefill.log", 300);
+    run_in_child("GpuCopyEngines.DISABLED_CpEqualsCp1AndNccl", 1, "cpfill_ce_prefill.log", 300);
 }
 
 }  // namespace
