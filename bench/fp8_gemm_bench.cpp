@@ -3,13 +3,16 @@
 // experts re-encoded from fp4), and the rate of the activation quantisation (GB/s of bf16 read).
 // Then the routed experts of one layer at 64k tokens (E experts of R rows each): the grouped fp8
 // kernel (ops/cuda/grouped_fp8.h, one launch) with each of its epilogues (registers, TMA stores)
-// against a cuBLASLt GEMM per expert on one stream.
+// against a cuBLASLt GEMM per expert on one stream; then the same experts in bf16 (the grouped
+// kernel's two tile shapes against cuBLASLt per expert).
 // Usage: fp8_gemm_bench [--reps N] [--experts E] [--rows R] [--grouped-only]. Prints Markdown
 // tables; docs/performance-notes.md keeps them.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -36,8 +39,8 @@ struct Shape {
 void grouped_experts(int E, int64_t rows, int reps) {
     fmt::print(
         "\n| experts × rows | GEMM (out × in) | grouped fp8 TFLOP/s, registers epilogue | "
-        "grouped fp8, tma_store epilogue | per-expert cuBLASLt fp8 |\n");
-    fmt::print("|---|---|---:|---:|---:|\n");
+        "grouped fp8, tma_store epilogue | tma_store, 256×128 tiles | per-expert cuBLASLt fp8 |\n");
+    fmt::print("|---|---|---:|---:|---:|---:|\n");
     oc::GemmContext ctx;
     for (const auto& [n, k, what] : {std::tuple{int64_t{4096}, int64_t{4096}, "gate_up"},
                                      std::tuple{int64_t{4096}, int64_t{2048}, "down"}}) {
@@ -71,11 +74,13 @@ void grouped_experts(int E, int64_t rows, int reps) {
         g.out = n;
         g.y = y.as<__nv_bfloat16>();
         const double flop = 2.0 * total * n * k;
-        std::string grouped[2] = {"not this GPU", "not this GPU"};
-        const oc::GroupedFp8Epilogue epilogues[2] = {oc::GroupedFp8Epilogue::Registers,
+        std::string grouped[3] = {"not this GPU", "not this GPU", "not this GPU"};
+        const oc::GroupedFp8Epilogue epilogues[3] = {oc::GroupedFp8Epilogue::Registers,
+                                                     oc::GroupedFp8Epilogue::TmaStore,
                                                      oc::GroupedFp8Epilogue::TmaStore};
-        for (int v = 0; v < 2 && oc::grouped_fp8_supported(); ++v) {
+        for (int v = 0; v < 3 && oc::grouped_fp8_supported(); ++v) {
             g.epilogue = epilogues[v];
+            g.tile = v == 2 ? oc::GroupedTile::Tall : oc::GroupedTile::Wide;
             grouped[v] = fmt::format(
                 "{:.0f}", flop / time_ms([&] { oc::grouped_gemm_fp8(g, nullptr); }, reps) / 1e9);
         }
@@ -89,8 +94,62 @@ void grouped_experts(int E, int64_t rows, int reps) {
                                  nullptr, n, nullptr);
             },
             reps);
-        fmt::print("| {} × {} | {} ({} × {}) | {} | {} | {:.0f} |\n", E, rows, what, n, k,
-                   grouped[0], grouped[1], flop / per / 1e9);
+        fmt::print("| {} × {} | {} ({} × {}) | {} | {} | {} | {:.0f} |\n", E, rows, what, n, k,
+                   grouped[0], grouped[1], grouped[2], flop / per / 1e9);
+    }
+}
+
+// The same experts in bf16: the grouped kernel with its wide (128 × 256) and tall (256 × 128)
+// tiles against a cuBLASLt GEMM per expert, TFLOP/s, and the weights' bytes over the time of the
+// faster grouped launch (GB/s: at few rows per expert the launch is bound by reading them).
+void grouped_experts_bf16(int E, int64_t rows, int reps) {
+    fmt::print(
+        "\n| experts × rows | GEMM (out × in) | grouped bf16 TFLOP/s, 128×256 tiles | 256×128 "
+        "tiles "
+        "| per-expert cuBLASLt bf16 | weights GB/s (faster grouped) |\n");
+    fmt::print("|---|---|---:|---:|---:|---:|\n");
+    oc::GemmContext ctx;
+    for (const auto& [n, k, what] : {std::tuple{int64_t{4096}, int64_t{4096}, "gate_up"},
+                                     std::tuple{int64_t{4096}, int64_t{2048}, "down"}}) {
+        const int64_t total = E * rows;
+        cuda::DeviceBuffer x(total * k * 2), w(E * n * k * 2), y(total * n * 2);
+        CPFILL_CUDA_CHECK(cudaMemset(x.as<void>(), 0x3c, x.bytes()));  // bf16 ≈ 1
+        CPFILL_CUDA_CHECK(cudaMemset(w.as<void>(), 0x3c, w.bytes()));
+        std::vector<int32_t> first(E + 1);
+        for (int e = 0; e <= E; ++e) first[e] = static_cast<int32_t>(e * rows);
+        cuda::DeviceBuffer dfirst(first.size() * 4);
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(dfirst.as<void>(), first.data(), first.size() * 4, cudaMemcpyHostToDevice));
+        oc::GroupedBf16Gemm g;
+        g.x = x.as<__nv_bfloat16>();
+        g.rows = total;
+        g.first = dfirst.as<int32_t>();
+        g.n_experts = E;
+        g.w = w.as<__nv_bfloat16>();
+        g.in = k;
+        g.out = n;
+        g.y = y.as<__nv_bfloat16>();
+        const double flop = 2.0 * total * n * k;
+        std::string grouped[2] = {"not this GPU", "not this GPU"};
+        double best_ms = 0;
+        const oc::GroupedTile tiles[2] = {oc::GroupedTile::Wide, oc::GroupedTile::Tall};
+        for (int v = 0; v < 2 && oc::grouped_fp8_supported(); ++v) {
+            g.tile = tiles[v];
+            const double ms = time_ms([&] { oc::grouped_gemm_bf16(g, nullptr); }, reps);
+            best_ms = v == 0 ? ms : std::min(best_ms, ms);
+            grouped[v] = fmt::format("{:.0f}", flop / ms / 1e9);
+        }
+        const double per = time_ms(
+            [&] {
+                for (int e = 0; e < E; ++e)
+                    oc::linear_bf16(ctx, x.as<__nv_bfloat16>() + e * rows * k, rows, k,
+                                    w.as<__nv_bfloat16>() + e * n * k, n,
+                                    y.as<__nv_bfloat16>() + e * rows * n, nullptr, false, nullptr);
+            },
+            reps);
+        fmt::print("| {} × {} | {} ({} × {}) | {} | {} | {:.0f} | {} |\n", E, rows, what, n, k,
+                   grouped[0], grouped[1], flop / per / 1e9,
+                   best_ms > 0 ? fmt::format("{:.0f}", E * n * k * 2.0 / best_ms / 1e6) : "–");
     }
 }
 
@@ -111,6 +170,7 @@ int main(int argc, char** argv) {
     try {
         if (grouped_only) {
             grouped_experts(experts, rows / 4 * 4, reps);
+            grouped_experts_bf16(experts, rows / 4 * 4, reps);
             return 0;
         }
         const std::vector<Shape> shapes = {{8192, 8192, 8192, "square"},
@@ -175,6 +235,7 @@ int main(int argc, char** argv) {
                        flop / bf / 1e9, tile, row, s.m * s.k * 2.0 / q / 1e6);
         }
         grouped_experts(experts, rows / 4 * 4, reps);
+        grouped_experts_bf16(experts, rows / 4 * 4, reps);
     } catch (const std::exception& e) {
         fmt::print(stderr, "error: {}\n", e.what());
         return 1;

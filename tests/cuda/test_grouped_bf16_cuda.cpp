@@ -3,7 +3,8 @@
 // the previous one's, as gather_by_expert leaves them), so a 128-row tile of one expert also reads
 // the next expert's rows and must write none of them. Expert sizes include 0, 1, every count from 1
 // to 40 and counts off the row tiles, more tiles than multiprocessors and more k-blocks than
-// pipeline stages; rows after the last stay untouched.
+// pipeline stages; rows after the last stay untouched. Every case runs with both tiles (wide 128 ×
+// 256 and tall 256 × 128: a tall tile's second part, or a consumer, may have no rows).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,7 +43,9 @@ std::vector<uint16_t> random_rows(int64_t rows, int64_t cols, std::mt19937_64& r
     return v;
 }
 
-void run_and_check(const Case& c, uint64_t seed) {
+class GroupedBf16 : public ::testing::TestWithParam<oc::GroupedTile> {};
+
+void run_and_check(const Case& c, uint64_t seed, oc::GroupedTile tile) {
     const int E = static_cast<int>(c.counts.size());
     const int64_t K = c.in, N = c.out;
     std::vector<int32_t> first(E + 1, 0);
@@ -61,6 +64,7 @@ void run_and_check(const Case& c, uint64_t seed) {
     g.in = K;
     g.out = N;
     g.y = dy.as<__nv_bfloat16>();
+    g.tile = tile;
     oc::grouped_gemm_bf16(g, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> y = download<uint16_t>(dy, init.size());
@@ -97,27 +101,45 @@ void run_and_check(const Case& c, uint64_t seed) {
                 static_cast<long long>(checked), worst);
 }
 
-TEST(GroupedBf16, SmallExpertsAndEmptyOnes) {
+TEST_P(GroupedBf16, SmallExpertsAndEmptyOnes) {
     CPFILL_SKIP_WITHOUT_SM90();
-    run_and_check({{0, 3, 130, 0, 257, 1, 4}, 256, 384}, 1);
+    run_and_check({{0, 3, 130, 0, 257, 1, 4}, 256, 384}, 1, GetParam());
 }
 
-TEST(GroupedBf16, EveryRowCountUpTo40) {
+// Row counts on both sides of each 64-row part: 64, 65, 127, 128, 129, 191, 192, 193, 255, 256.
+TEST_P(GroupedBf16, EveryRowCountUpTo40AndPartBoundaries) {
     CPFILL_SKIP_WITHOUT_SM90();
     Case c{{}, 128, 256};
     for (int k = 1; k <= 40; ++k) c.counts.push_back(k);
-    c.counts.insert(c.counts.end(), {300, 0});
-    run_and_check(c, 2);
+    c.counts.insert(c.counts.end(), {300, 0, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256});
+    run_and_check(c, 2, GetParam());
 }
 
 // 2 × 16 row tiles × 8 output tiles (more than the multiprocessors) and 16 k-blocks of 64 values
 // (more than the stages).
-TEST(GroupedBf16, MoreTilesThanMultiprocessorsAndLongK) {
+TEST_P(GroupedBf16, MoreTilesThanMultiprocessorsAndLongK) {
     CPFILL_SKIP_WITHOUT_SM90();
-    run_and_check({{1200, 517, 0, 1280}, 1024, 2048}, 3);
+    run_and_check({{1200, 517, 0, 1280}, 1024, 2048}, 3, GetParam());
 }
 
-TEST(GroupedBf16, RefusesWidthsOffTheBlocks) {
+INSTANTIATE_TEST_SUITE_P(Tiles, GroupedBf16,
+                         ::testing::Values(oc::GroupedTile::Wide, oc::GroupedTile::Tall),
+                         [](const auto& info) {
+                             return info.param == oc::GroupedTile::Wide ? "wide" : "tall";
+                         });
+
+TEST(GroupedTiles, AutoIsTallUpTo256RowsPerExpertOnAverage) {
+    oc::GroupedBf16Gemm g;
+    g.n_experts = 256;
+    g.rows = 256 * 256;
+    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Tall);
+    g.rows = 256 * 256 + 1;
+    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Wide);
+    g.tile = oc::GroupedTile::Tall;
+    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Tall);
+}
+
+TEST(GroupedTiles, RefusesWidthsOffTheBlocks) {
     CPFILL_SKIP_WITHOUT_GPU();
     oc::GroupedBf16Gemm g;
     g.n_experts = 1;

@@ -40,7 +40,7 @@ namespace cpfill::ops::cuda {
 namespace {
 
 constexpr int kBM = 128, kBN = 256, kBK = 128, kThreads = 384;
-constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kHalfBytes = kBBytes / 2;
+constexpr int kBBytes = kBN * kBK, kHalfBytes = kBBytes / 2;
 constexpr int kMaxExperts = 1024;
 constexpr int kConsumerWarps = 8;
 // TmaStore's output tile of one consumer: 64 rows × 256 bf16 as 4 chunks of 64 rows × 128 bytes.
@@ -53,10 +53,18 @@ using Epilogue = GroupedFp8Epilogue;
 template <Epilogue kEpi>
 constexpr int kStagesOf = kEpi == Epilogue::Registers ? 4 : 3;
 
-template <int kStages>
+// The output tile of one block: kBM × kBN (wide, every path) or, for bf16 experts with few rows
+// each, 256 rows × 128 outputs (tall: an expert of up to 256 rows reads its weights once).
+template <bool kTall>
+struct TileShape {
+    static constexpr int m = kTall ? 2 * kBM : kBM, n = kTall ? kBN / 2 : kBN;
+};
+
+template <int kStages, bool kTall = false>
 struct Smem {
-    uint8_t a[kStages][kABytes];  // each stage 1024-byte aligned: the swizzle's atom
-    uint8_t b[kStages][kBBytes];
+    // Each stage 1024-byte aligned (the swizzle's atom); a stage is 48 KB either way.
+    uint8_t a[kStages][TileShape<kTall>::m * kBK];
+    uint8_t b[kStages][TileShape<kTall>::n * kBK];
     uint64_t full[kStages], empty[kStages];
     int32_t tile_first[kMaxExperts + 1];  // the first tile of each expert; [E]: all tiles
 };
@@ -68,6 +76,8 @@ constexpr size_t kSmemBytes =  // + alignment of the dynamic base
     (kEpi == Epilogue::Registers ? sizeof(Smem<kStagesOf<kEpi>>)
                                  : kYOffset<kStagesOf<kEpi>> + 2 * kYTileBytes) +
     1024;
+static_assert(sizeof(Smem<4, true>) == sizeof(Smem<4>) && sizeof(Smem<3, true>) == sizeof(Smem<3>),
+              "tall tiles use the wide ones' space");
 static_assert(kSmemBytes<Epilogue::Registers> <= 227 * 1024 &&
                   kSmemBytes<Epilogue::TmaStore> <= 227 * 1024,
               "more than the 227 KB of shared memory a block may have");
@@ -105,12 +115,14 @@ __device__ Tile tile_of(const int32_t* tile_first, int E, int n_tiles_n, int t) 
     return {lo, local / n_tiles_n, local % n_tiles_n};
 }
 
-// Warp 0: tile_first from pfirst (ceil(m4_e / kBM) row tiles of n_tiles_n output tiles each).
+// Warp 0: tile_first from pfirst (ceil(m4_e / kRows) row tiles of n_tiles_n output tiles each).
+template <int kRows>
 __device__ void count_tiles(int32_t* tile_first, const int32_t* pfirst, int E, int n_tiles_n) {
     const int lane = threadIdx.x % 32, per = (E + 31) / 32;
     const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
     int sum = 0;
-    for (int e = e0; e < e1; ++e) sum += (pfirst[e + 1] - pfirst[e] + kBM - 1) / kBM * n_tiles_n;
+    for (int e = e0; e < e1; ++e)
+        sum += (pfirst[e + 1] - pfirst[e] + kRows - 1) / kRows * n_tiles_n;
     int incl = sum;
     for (int o = 1; o < 32; o *= 2) {
         const int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -119,7 +131,7 @@ __device__ void count_tiles(int32_t* tile_first, const int32_t* pfirst, int E, i
     int run = incl - sum;
     for (int e = e0; e < e1; ++e) {
         tile_first[e] = run;
-        run += (pfirst[e + 1] - pfirst[e] + kBM - 1) / kBM * n_tiles_n;
+        run += (pfirst[e + 1] - pfirst[e] + kRows - 1) / kRows * n_tiles_n;
     }
     if (lane == 31) tile_first[E] = incl;
 }
@@ -132,10 +144,12 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // TmaStore's epilogue of one consumer, all 128 of its threads (the file comment has the layout).
 // y: the consumer's output tile in shared memory; grow: the global row of its first row; v: its
 // rows inside the expert's padded block (a multiple of 4, ≤ 0 when none); c0: the tile's first
-// output.
+// output. Tall tiles: acc[1] (chunks 2 and 3) holds rows grow + 128 … of the same 128 outputs,
+// v1 of them inside the block.
+template <bool kTall>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
                                                int cw, int tid, const OutMaps& maps, int grow,
-                                               int v, int c0) {
+                                               int v, int v1, int c0) {
     const int warp = tid / 32, lane = tid % 32;
     if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
     named_barrier_sync(1 + cw, 128);
@@ -166,34 +180,39 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
 #pragma unroll 1
     for (int q = 0; q < (second ? 4 : 2); ++q) {
         const uint32_t src = y + q * kYChunkBytes;
-        const int col = c0 + q * kYChunkCols;
-        if (v == kYRows) {
-            tma_store_2d(&maps.rows64, src, col, grow);
+        const bool lower = kTall && q >= 2;  // a tall tile's second part
+        const int col = c0 + (kTall ? q % 2 : q) * kYChunkCols;
+        const int g = lower ? grow + 2 * kYRows : grow, n = lower ? v1 : v;
+        if (n == kYRows) {
+            tma_store_2d(&maps.rows64, src, col, g);
             continue;
         }
         int r = 0;
-        for (; r + kYBoxMid <= v; r += kYBoxMid)
-            tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, grow + r);
-        if (r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
+        for (; r + kYBoxMid <= n; r += kYBoxMid)
+            tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, g + r);
+        if (r < n) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, g + r);
     }
     bulk_commit();
 }
 
 // kBf16: bf16 operands (grouped_gemm_bf16), a k-block is 64 values; else e4m3 with scales.
-template <Epilogue kEpi, bool kBf16>
+// kTall: 256 × 128 tiles (TileShape).
+template <Epilogue kEpi, bool kBf16, bool kTall = false>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_kernel(const __grid_constant__ CUtensorMap map_x,
                    const __grid_constant__ CUtensorMap map_w,
                    const __grid_constant__ CUtensorMap map_w_last,
                    const __grid_constant__ OutMaps map_y, const Args a) {
     constexpr int kStages = kStagesOf<kEpi>;
+    constexpr int BM = TileShape<kTall>::m, BN = TileShape<kTall>::n;
+    constexpr int kABytesT = BM * kBK, kBBytesT = BN * kBK;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* const base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    Smem<kStages>& s = *reinterpret_cast<Smem<kStages>*>(base);
+    Smem<kStages, kTall>& s = *reinterpret_cast<Smem<kStages, kTall>*>(base);
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    const int E = a.n_experts, n_tiles_n = (a.out + kBN - 1) / kBN;
+    const int E = a.n_experts, n_tiles_n = (a.out + BN - 1) / BN;
     const int n_kb = a.in * (kBf16 ? 2 : 1) / kBK;  // k-blocks of 128 bytes
-    if (threadIdx.x < 32) count_tiles(s.tile_first, a.pfirst, E, n_tiles_n);
+    if (threadIdx.x < 32) count_tiles<BM>(s.tile_first, a.pfirst, E, n_tiles_n);
     if (threadIdx.x == 32) {
         for (int i = 0; i < kStages; ++i) {
             mbar_init(&s.full[i], 1);
@@ -213,13 +232,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
             const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
             const bool last = a.ws_last && tl.e == E - 1;  // the expert held apart
-            const int row0 = a.pfirst[tl.e] + tl.mt * kBM;
-            const int wrow0 = (last ? 0 : tl.e * a.out) + tl.nt * kBN;
+            const int row0 = a.pfirst[tl.e] + tl.mt * BM;
+            const int wrow0 = (last ? 0 : tl.e * a.out) + tl.nt * BN;
             const CUtensorMap* mw = last ? &map_w_last : &map_w;
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
                 mbar_wait(&s.empty[st], ((it / kStages) & 1) ^ 1);
-                mbar_arrive_expect_tx(&s.full[st], kABytes + kBBytes);
+                mbar_arrive_expect_tx(&s.full[st], kABytesT + kBBytesT);
                 tma_load_2d(s.a[st], &map_x, &s.full[st], kb * kBK, row0);
                 tma_load_2d(s.b[st], mw, &s.full[st], kb * kBK, wrow0);
             }
@@ -233,9 +252,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const Tile tl = tile_of(s.tile_first, E, n_tiles_n, t);
         const int p0 = a.pfirst[tl.e], m4 = a.pfirst[tl.e + 1] - p0;
-        const int r0 = tl.mt * kBM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
-        const int c0 = tl.nt * kBN;
-        const bool second = c0 + kBN / 2 < a.out;  // the tile's second 128 outputs exist
+        // The accumulators' two parts h (64 rows × 128 outputs each): wide tiles, the consumer's
+        // 64 rows × outputs 128 h …; tall, rows 64 (2h + cw) … (interleaved, so that an expert of
+        // 65–128 rows in its last tile keeps both consumers busy) × all 128 outputs.
+        const auto part_row = [&](int h) { return kTall ? 64 * (2 * h + cw) : 64 * cw; };
+        const int r0 = tl.mt * BM + cw * 64 + warp * 16 + lane / 4, r1 = r0 + 8;
+        const int c0 = tl.nt * BN;
+        // Wide: the tile's second 128 outputs exist. Tall: the second part's rows are the
+        // expert's. A part without rows (or a consumer: `active`) issues no MMAs.
+        const bool second = kTall ? tl.mt * BM + part_row(1) < m4 : c0 + kBN / 2 < a.out;
+        const bool active = tl.mt * BM + part_row(0) < m4;
         float acc[2][64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
@@ -246,14 +272,27 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
                 mbar_wait(&s.full[st], (it / kStages) & 1);
-                const uint32_t sa = smem_u32(s.a[st]) + cw * 64 * kBK, sbm = smem_u32(s.b[st]);
+                const uint32_t sa = smem_u32(s.a[st]) + part_row(0) * kBK, sbm = smem_u32(s.b[st]);
 #pragma unroll
                 for (int j = 0; j < 64; ++j) {
                     reg_fence(acc[0][j]);
                     reg_fence(acc[1][j]);
                 }
                 wgmma_fence();
-                if (second) {  // both halves in one MMA per k16 step: A read once
+                if constexpr (kTall) {  // per k16 step a 64 × 128 MMA per part, B read by both
+                    const uint32_t sa1 = smem_u32(s.a[st]) + part_row(1) * kBK;
+#pragma unroll
+                    for (int k = 0; k < kBK / 32; ++k) {
+                        if (active)
+                            wgmma_m64n128k16_bf16(acc[0], wgmma_desc_sw128(sa + k * 32),
+                                                  wgmma_desc_sw128(sbm + k * 32), 1);
+                        if (second)
+                            wgmma_m64n128k16_bf16(acc[1], wgmma_desc_sw128(sa1 + k * 32),
+                                                  wgmma_desc_sw128(sbm + k * 32), 1);
+                    }
+                } else if (!active) {
+                    // no rows of the expert here: nothing to multiply
+                } else if (second) {  // both halves in one MMA per k16 step: A read once
                     float(&both)[128] = reinterpret_cast<float(&)[128]>(acc);
 #pragma unroll
                     for (int k = 0; k < kBK / 32; ++k)
@@ -288,37 +327,49 @@ __global__ void __launch_bounds__(kThreads, 1)
             float d[64];
             // This thread's scales of k-block kb, loaded one k-block ahead: a global load takes
             // about as long as one k-block's MMAs, and waiting for it would idle the tensor cores.
-            float nx0 = 0.0f, nx1 = 0.0f, nw0 = 0.0f, nw1 = 0.0f;
+            // Wide: one pair of row scales, a tile scale per 128-output half. Tall: a pair of
+            // row scales per part, one tile scale (the tile's 128 outputs).
+            float nx0 = 0.0f, nx1 = 0.0f, nx2 = 0.0f, nx3 = 0.0f, nw0 = 0.0f, nw1 = 0.0f;
             const auto load_scales = [&](int kb) {
-                nx0 = r0 < m4 ? xs[int64_t{kb} * m4 + r0] : 0.0f;
-                nx1 = r1 < m4 ? xs[int64_t{kb} * m4 + r1] : 0.0f;
+                const float* xk = xs + int64_t{kb} * m4;
+                nx0 = r0 < m4 ? xk[r0] : 0.0f;
+                nx1 = r1 < m4 ? xk[r1] : 0.0f;
                 nw0 = ws[kb];
-                nw1 = second ? ws[ws_ld + kb] : 0.0f;
+                if constexpr (kTall) {
+                    nx2 = r0 + 128 < m4 ? xk[r0 + 128] : 0.0f;
+                    nx3 = r1 + 128 < m4 ? xk[r1 + 128] : 0.0f;
+                } else {
+                    nw1 = second ? ws[ws_ld + kb] : 0.0f;
+                }
             };
             load_scales(0);
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
-                const float x0 = nx0, x1 = nx1, w0 = nw0, w1 = nw1;
+                const float x0 = nx0, x1 = nx1, x2 = nx2, x3 = nx3, w0 = nw0, w1 = nw1;
                 if (kb + 1 < n_kb) load_scales(kb + 1);
                 mbar_wait(&s.full[st], (it / kStages) & 1);
-                const uint32_t sa = smem_u32(s.a[st]) + cw * 64 * kBK, sbm = smem_u32(s.b[st]);
+                const uint32_t sa = smem_u32(s.a[st]) + part_row(0) * kBK, sbm = smem_u32(s.b[st]);
                 // Each 128-output half: four k32 MMAs into d, wait, d · scales into its
-                // accumulators.
+                // accumulators (none when the consumer's rows are past the expert's).
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    if (h == 1 && !second) break;
+                    if ((h == 1 && !second) || !active) break;
 #pragma unroll
                     for (int j = 0; j < 64; ++j) reg_fence(d[j]);
                     wgmma_fence();
+                    // Tall: part h's rows (A 128 rows further), the same outputs.
+                    const uint32_t ah = kTall ? sa + h * 128 * kBK : sa;
+                    const uint32_t bh = kTall ? sbm : sbm + h * kHalfBytes;
 #pragma unroll
                     for (int k = 0; k < kBK / 32; ++k)
-                        wgmma_m64n128k32_e4m3(d, wgmma_desc_sw128(sa + k * 32),
-                                              wgmma_desc_sw128(sbm + h * kHalfBytes + k * 32), k);
+                        wgmma_m64n128k32_e4m3(d, wgmma_desc_sw128(ah + k * 32),
+                                              wgmma_desc_sw128(bh + k * 32), k);
                     wgmma_commit();
                     wgmma_wait<0>();
 #pragma unroll
                     for (int j = 0; j < 64; ++j) reg_fence(d[j]);
-                    const float f0 = x0 * (h ? w1 : w0), f1 = x1 * (h ? w1 : w0);
+                    const float f0 = kTall ? (h ? x2 : x0) * w0 : x0 * (h ? w1 : w0);
+                    const float f1 = kTall ? (h ? x3 : x1) * w0 : x1 * (h ? w1 : w0);
 #pragma unroll
                     for (int j = 0; j < 64; ++j) acc[h][j] += d[j] * ((j & 2) ? f1 : f0);
                 }
@@ -333,9 +384,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (h == 1 && !second) break;
 #pragma unroll
                 for (int half_row = 0; half_row < 2; ++half_row) {
-                    const int r = half_row ? r1 : r0;
+                    const int r = (half_row ? r1 : r0) + part_row(h) - part_row(0);
                     if (r >= m4) continue;
-                    __nv_bfloat16* row = y + int64_t{r} * a.out + h * 128;
+                    __nv_bfloat16* row = y + int64_t{r} * a.out + (kTall ? 0 : h * 128);
 #pragma unroll
                     for (int i = 0; i < 16; ++i)
                         *reinterpret_cast<__nv_bfloat162*>(row + 8 * i) = __floats2bfloat162_rn(
@@ -343,11 +394,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         } else {
-            const int lrow = tl.mt * kBM + cw * kYRows;  // the consumer's first row in the expert
+            const int lrow = tl.mt * BM + cw * kYRows;  // the consumer's first row in the expert
             static_assert(!kBf16, "bf16 rows are not padded: the register epilogue");
-            store_tile_tma(acc, second,
-                           smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw, tid,
-                           map_y, p0 + lrow, min(kYRows, m4 - lrow), c0);
+            store_tile_tma<kTall>(acc, second,
+                                  smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes),
+                                  cw, tid, map_y, p0 + lrow, min(kYRows, m4 - lrow),
+                                  min(kYRows, m4 - lrow - 2 * kYRows), c0);
         }
     }
     // The last tile's stores have finished before the block (and its shared memory) goes.
@@ -385,22 +437,40 @@ int multiprocessors() {
     return n;
 }
 
-template <Epilogue kEpi, bool kBf16 = false>
+template <Epilogue kEpi, bool kBf16 = false, bool kTall = false>
 void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_last,
             const OutMaps& my, const Args& a, cudaStream_t stream) {
     // Per call: the attribute belongs to the current device, and ranks may be threads of one
     // process on several GPUs.
-    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<kEpi, kBf16>,
+    CPFILL_CUDA_CHECK(cudaFuncSetAttribute(grouped_kernel<kEpi, kBf16, kTall>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(kSmemBytes<kEpi>)));
-    grouped_kernel<kEpi, kBf16>
+    grouped_kernel<kEpi, kBf16, kTall>
         <<<multiprocessors(), kThreads, kSmemBytes<kEpi>, stream>>>(mx, mw, mw_last, my, a);
     CPFILL_CUDA_CHECK(cudaGetLastError());
+}
+
+GroupedTile tile_for(GroupedTile asked, int64_t rows, int n_experts) {
+    if (asked != GroupedTile::Auto) return asked;
+    return rows <= kGroupedTallMaxMeanRows * n_experts ? GroupedTile::Tall : GroupedTile::Wide;
+}
+
+void check_tile(GroupedTile t, const char* what) {
+    CPFILL_CHECK(t == GroupedTile::Auto || t == GroupedTile::Wide || t == GroupedTile::Tall,
+                 "grouped {} GEMM: tile {} is none of Auto, Wide, Tall", what, static_cast<int>(t));
 }
 
 }  // namespace
 
 bool grouped_fp8_supported() { return ::cpfill::cuda::current_device_is_sm90(); }
+
+GroupedTile grouped_fp8_tile(const GroupedFp8Gemm& g) {
+    return tile_for(g.tile, g.n_pad, g.n_experts);
+}
+
+GroupedTile grouped_bf16_tile(const GroupedBf16Gemm& g) {
+    return tile_for(g.tile, g.rows, g.n_experts);
+}
 
 void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
     CPFILL_CHECK(g.in % 128 == 0 && g.out % 128 == 0 && g.in > 0 && g.out > 0,
@@ -422,13 +492,16 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
     const bool apart = g.w_last != nullptr;
     CPFILL_CHECK(apart == (g.ws_last != nullptr),
                  "grouped fp8 GEMM: the last expert's weights and scales are given together");
+    check_tile(g.tile, "fp8");
     if (g.n_pad == 0) return;
-    const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, kBM);
+    const bool tall = grouped_fp8_tile(g) == GroupedTile::Tall;
+    const int bm = tall ? TileShape<true>::m : kBM, bn = tall ? TileShape<true>::n : kBN;
+    const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, bm);
     // The routed experts' map (the last expert's when it is the only one: never read then).
     const int routed = apart ? g.n_experts - 1 : g.n_experts;
-    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, kBN)
-                                      : tile_map(g.w_last, g.out, g.in, kBN);
-    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, kBN) : mw;
+    const CUtensorMap mw =
+        routed > 0 ? tile_map(g.w, routed * g.out, g.in, bn) : tile_map(g.w_last, g.out, g.in, bn);
+    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, bn) : mw;
     OutMaps my{};
     if (tma_store) {
         my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
@@ -444,8 +517,12 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
                  g.y};
-    if (tma_store)
+    if (tma_store && tall)
+        launch<Epilogue::TmaStore, false, true>(mx, mw, mw_last, my, a, stream);
+    else if (tma_store)
         launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
+    else if (tall)
+        launch<Epilogue::Registers, false, true>(mx, mw, mw_last, my, a, stream);
     else
         launch<Epilogue::Registers>(mx, mw, mw_last, my, a, stream);
 }
@@ -460,9 +537,13 @@ void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
                      g.rows < (int64_t{1} << 31),
                  "grouped bf16 GEMM: {} rows × {} × {} over {} experts is out of range", g.rows,
                  g.out, g.in, g.n_experts);
+    check_tile(g.tile, "bf16");
     if (g.rows == 0) return;
-    const CUtensorMap mx = tile_map(g.x, g.rows, 2 * g.in, kBM);
-    const CUtensorMap mw = tile_map(g.w, g.n_experts * g.out, 2 * g.in, kBN);
+    const GroupedTile tile = grouped_bf16_tile(g);
+    const bool tall = tile == GroupedTile::Tall;
+    const CUtensorMap mx = tile_map(g.x, g.rows, 2 * g.in, tall ? TileShape<true>::m : kBM);
+    const CUtensorMap mw =
+        tile_map(g.w, g.n_experts * g.out, 2 * g.in, tall ? TileShape<true>::n : kBN);
     const Args a{nullptr,
                  g.first,
                  g.n_experts,
@@ -472,7 +553,10 @@ void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
                  g.y};
-    launch<Epilogue::Registers, true>(mx, mw, mw, OutMaps{}, a, stream);
+    if (tall)
+        launch<Epilogue::Registers, true, true>(mx, mw, mw, OutMaps{}, a, stream);
+    else
+        launch<Epilogue::Registers, true>(mx, mw, mw, OutMaps{}, a, stream);
 }
 
 }  // namespace cpfill::ops::cuda
