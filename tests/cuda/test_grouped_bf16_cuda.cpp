@@ -128,7 +128,9 @@ INSTANTIATE_TEST_SUITE_P(Tiles, GroupedBf16,
                              return info.param == oc::GroupedTile::Wide ? "wide" : "tall";
                          });
 
-TEST(GroupedTiles, AutoIsTallUpTo256RowsPerExpertOnAverage) {
+// Auto: tall tiles up to 256 rows per expert on average (dense rows for bf16, padded ones for
+// fp8), wide ones above; an explicit tile is kept.
+TEST(GroupedAuto, TallUpTo256RowsPerExpertOnAverage) {
     oc::GroupedBf16Gemm g;
     g.n_experts = 256;
     g.rows = 256 * 256;
@@ -137,9 +139,17 @@ TEST(GroupedTiles, AutoIsTallUpTo256RowsPerExpertOnAverage) {
     EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Wide);
     g.tile = oc::GroupedTile::Tall;
     EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Tall);
+    oc::GroupedFp8Gemm f;
+    f.n_experts = 257;
+    f.n_pad = 257 * 256;
+    EXPECT_EQ(oc::grouped_fp8_tile(f), oc::GroupedTile::Tall);
+    f.n_pad = 257 * 256 + 4;
+    EXPECT_EQ(oc::grouped_fp8_tile(f), oc::GroupedTile::Wide);
+    f.tile = oc::GroupedTile::Tall;
+    EXPECT_EQ(oc::grouped_fp8_tile(f), oc::GroupedTile::Tall);
 }
 
-TEST(GroupedTiles, RefusesWidthsOffTheBlocks) {
+TEST(GroupedBf16Args, RefusesWidthsOffTheBlocks) {
     CPFILL_SKIP_WITHOUT_GPU();
     oc::GroupedBf16Gemm g;
     g.n_experts = 1;
