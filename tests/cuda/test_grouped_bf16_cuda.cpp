@@ -43,9 +43,9 @@ std::vector<uint16_t> random_rows(int64_t rows, int64_t cols, std::mt19937_64& r
     return v;
 }
 
-class GroupedBf16 : public ::testing::TestWithParam<oc::GroupedTile> {};
+class GroupedBf16 : public ::testing::TestWithParam<oc::GroupedBf16Tile> {};
 
-void run_and_check(const Case& c, uint64_t seed, oc::GroupedTile tile) {
+void run_and_check(const Case& c, uint64_t seed, oc::GroupedBf16Tile tile) {
     const int E = static_cast<int>(c.counts.size());
     const int64_t K = c.in, N = c.out;
     std::vector<int32_t> first(E + 1, 0);
@@ -123,30 +123,21 @@ TEST_P(GroupedBf16, MoreTilesThanMultiprocessorsAndLongK) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiles, GroupedBf16,
-                         ::testing::Values(oc::GroupedTile::Wide, oc::GroupedTile::Tall),
+                         ::testing::Values(oc::GroupedBf16Tile::Wide, oc::GroupedBf16Tile::Tall),
                          [](const auto& info) {
-                             return info.param == oc::GroupedTile::Wide ? "wide" : "tall";
+                             return info.param == oc::GroupedBf16Tile::Wide ? "wide" : "tall";
                          });
 
-// Auto: tall tiles up to 256 rows per expert on average (dense rows for bf16, padded ones for
-// fp8), wide ones above; an explicit tile is kept.
-TEST(GroupedAuto, TallUpTo256RowsPerExpertOnAverage) {
+// Auto: tall tiles up to 256 rows per expert on average, wide ones above; an explicit tile is kept.
+TEST(GroupedBf16Auto, TallUpTo256RowsPerExpertOnAverage) {
     oc::GroupedBf16Gemm g;
     g.n_experts = 256;
     g.rows = 256 * 256;
-    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Tall);
+    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedBf16Tile::Tall);
     g.rows = 256 * 256 + 1;
-    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Wide);
-    g.tile = oc::GroupedTile::Tall;
-    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedTile::Tall);
-    oc::GroupedFp8Gemm f;
-    f.n_experts = 257;
-    f.n_pad = 257 * 256;
-    EXPECT_EQ(oc::grouped_fp8_tile(f), oc::GroupedTile::Tall);
-    f.n_pad = 257 * 256 + 4;
-    EXPECT_EQ(oc::grouped_fp8_tile(f), oc::GroupedTile::Wide);
-    f.tile = oc::GroupedTile::Tall;
-    EXPECT_EQ(oc::grouped_fp8_tile(f), oc::GroupedTile::Tall);
+    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedBf16Tile::Wide);
+    g.tile = oc::GroupedBf16Tile::Tall;
+    EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedBf16Tile::Tall);
 }
 
 TEST(GroupedBf16Args, RefusesWidthsOffTheBlocks) {

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <random>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "core/dtype.h"
@@ -118,8 +117,8 @@ WeightsApart hold_last_apart(const Problem& p) {
 // y bf16 [n_pad + 2, N] from one launch over the first n_experts experts (n_pad rows, the tensor
 // maps' extent, stay the whole problem's), every row first set to the sentinel; the weights from
 // p's one buffer, or with apart the last expert's held apart.
-std::vector<uint16_t> run_gemm(const Problem& p, GroupedFp8Epilogue epi, oc::GroupedTile tile,
-                               int n_experts, const WeightsApart* apart = nullptr) {
+std::vector<uint16_t> run_gemm(const Problem& p, GroupedFp8Epilogue epi, int n_experts,
+                               const WeightsApart* apart = nullptr) {
     const std::vector<uint16_t> init((p.n_pad + 2) * p.N, kSentinel);
     cuda::DeviceBuffer dy = upload(init);
     oc::GroupedFp8Gemm g;
@@ -141,7 +140,6 @@ std::vector<uint16_t> run_gemm(const Problem& p, GroupedFp8Epilogue epi, oc::Gro
     g.out = p.N;
     g.y = dy.as<__nv_bfloat16>();
     g.epilogue = epi;
-    g.tile = tile;
     oc::grouped_gemm_fp8(g, nullptr);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     return download<uint16_t>(dy, init.size());
@@ -206,30 +204,24 @@ const Case kSmall{{0, 3, 130, 0, 257, 1, 4}, 256, 384};
 // 200 output tiles (more than the multiprocessors) and 8 k-blocks (more than the stages).
 const Case kLong{{1200, 517, 0, 1280}, 1024, 2048};
 
-// Every epilogue with both tiles (wide 128 × 256, tall 256 × 128).
-class GroupedFp8
-    : public ::testing::TestWithParam<std::tuple<GroupedFp8Epilogue, oc::GroupedTile>> {
-  protected:
-    static GroupedFp8Epilogue epi() { return std::get<0>(GetParam()); }
-    static oc::GroupedTile tile() { return std::get<1>(GetParam()); }
-};
+class GroupedFp8 : public ::testing::TestWithParam<GroupedFp8Epilogue> {};
 
 TEST_P(GroupedFp8, SmallExpertsAndEmptyOnes) {
     CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(kSmall, 1);
-    check_against_reference(p, run_gemm(p, epi(), tile(), p.E));
+    check_against_reference(p, run_gemm(p, GetParam(), p.E));
 }
 
 TEST_P(GroupedFp8, MoreTilesThanMultiprocessorsAndLongK) {
     CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(kLong, 2);
-    check_against_reference(p, run_gemm(p, epi(), tile(), p.E));
+    check_against_reference(p, run_gemm(p, GetParam(), p.E));
 }
 
 TEST_P(GroupedFp8, EveryTailLength) {
     CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(every_tail_length(), 3);
-    check_against_reference(p, run_gemm(p, epi(), tile(), p.E));
+    check_against_reference(p, run_gemm(p, GetParam(), p.E));
 }
 
 // The launch over the first n experts only, with n_pad (the extent of the output tensor map) still
@@ -239,7 +231,7 @@ TEST_P(GroupedFp8, NothingWrittenPastAnExpertsPaddedRows) {
     CPFILL_SKIP_WITHOUT_SM90();
     const Problem p = make_problem(every_tail_length(), 4);
     for (int n = 1; n <= p.E; ++n) {
-        const std::vector<uint16_t> y = run_gemm(p, epi(), tile(), n);
+        const std::vector<uint16_t> y = run_gemm(p, GetParam(), n);
         for (int64_t r = p.pfirst[n]; r < p.n_pad + 2; ++r)
             for (int64_t o = 0; o < p.N; ++o)
                 ASSERT_EQ(y[r * p.N + o], kSentinel)
@@ -269,8 +261,8 @@ TEST_P(GroupedFp8, LastExpertHeldApartEqualsOneBuffer) {
         SCOPED_TRACE(::testing::Message() << "seed " << seed);
         const Problem p = make_problem(c, seed);
         const WeightsApart a = hold_last_apart(p);
-        const std::vector<uint16_t> one = run_gemm(p, epi(), tile(), p.E),
-                                    held = run_gemm(p, epi(), tile(), p.E, &a);
+        const std::vector<uint16_t> one = run_gemm(p, GetParam(), p.E),
+                                    held = run_gemm(p, GetParam(), p.E, &a);
         ASSERT_EQ(one.size(), held.size());
         int64_t differ = 0, first = -1;
         for (size_t i = 0; i < one.size(); ++i)
@@ -293,44 +285,36 @@ TEST_P(GroupedFp8, RefusesWidthsOffTheBlocks) {
     g.in = 200;
     g.out = 128;
     g.n_pad = 4;
-    g.epilogue = epi();
-    g.tile = tile();
+    g.epilogue = GetParam();
     EXPECT_THROW(oc::grouped_gemm_fp8(g, nullptr), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Epilogues, GroupedFp8,
-    ::testing::Combine(::testing::Values(GroupedFp8Epilogue::Registers,
-                                         GroupedFp8Epilogue::TmaStore),
-                       ::testing::Values(oc::GroupedTile::Wide, oc::GroupedTile::Tall)),
-    [](const auto& info) {
-        return std::string(oc::grouped_fp8_epilogue_name(std::get<0>(info.param))) +
-               (std::get<1>(info.param) == oc::GroupedTile::Wide ? "_wide" : "_tall");
-    });
+INSTANTIATE_TEST_SUITE_P(Epilogues, GroupedFp8,
+                         ::testing::Values(GroupedFp8Epilogue::Registers,
+                                           GroupedFp8Epilogue::TmaStore),
+                         [](const ::testing::TestParamInfo<GroupedFp8Epilogue>& info) {
+                             return std::string(oc::grouped_fp8_epilogue_name(info.param));
+                         });
 
-// The same sums, rounded the same way: only the path to global memory differs — and the tile
-// shape, which changes which block computes an output but not its k-order of MMAs and promotions.
+// The same sums, rounded the same way: only the path to global memory differs.
 TEST(GroupedFp8Epilogues, BitIdentical) {
     CPFILL_SKIP_WITHOUT_SM90();
     const std::pair<Case, uint64_t> cases[] = {{kSmall, 5}, {kLong, 6}, {every_tail_length(), 7}};
     for (const auto& [c, seed] : cases) {
-        for (const oc::GroupedTile tile : {oc::GroupedTile::Wide, oc::GroupedTile::Tall}) {
-            const Problem p = make_problem(c, seed);
-            const std::vector<uint16_t> reg = run_gemm(p, GroupedFp8Epilogue::Registers,
-                                                       oc::GroupedTile::Wide, p.E),
-                                        tma = run_gemm(p, GroupedFp8Epilogue::TmaStore, tile, p.E);
-            ASSERT_EQ(reg.size(), tma.size());
-            int64_t differ = 0, first = -1;
-            for (size_t i = 0; i < reg.size(); ++i)
-                if (reg[i] != tma[i]) {
-                    if (first < 0) first = static_cast<int64_t>(i);
-                    ++differ;
-                }
-            EXPECT_EQ(differ, 0) << "seed " << seed << ": " << differ << " of " << reg.size()
-                                 << " outputs differ; the first at row " << first / p.N
-                                 << " column " << first % p.N << " (registers, wide " << std::hex
-                                 << reg[first] << ", tma_store " << tma[first] << ")";
-        }
+        const Problem p = make_problem(c, seed);
+        const std::vector<uint16_t> reg = run_gemm(p, GroupedFp8Epilogue::Registers, p.E),
+                                    tma = run_gemm(p, GroupedFp8Epilogue::TmaStore, p.E);
+        ASSERT_EQ(reg.size(), tma.size());
+        int64_t differ = 0, first = -1;
+        for (size_t i = 0; i < reg.size(); ++i)
+            if (reg[i] != tma[i]) {
+                if (first < 0) first = static_cast<int64_t>(i);
+                ++differ;
+            }
+        EXPECT_EQ(differ, 0) << "seed " << seed << ": " << differ << " of " << reg.size()
+                             << " outputs differ; the first at row " << first / p.N << " column "
+                             << first % p.N << " (registers " << std::hex << reg[first]
+                             << ", tma_store " << tma[first] << ")";
     }
 }
 

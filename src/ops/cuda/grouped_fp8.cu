@@ -28,6 +28,10 @@
 // no scales, so each consumer keeps its 64 × 256 accumulators over all of K (wgmma m64n256k16: A
 // read once per k16 step) and frees a stage once the next k-block's MMAs are issued and its own
 // have completed (wait_group 1). Rows are dense (gather_by_expert), so only the register epilogue.
+// Its tall tiles (kTall, GroupedBf16Tile::Tall): 256 rows × 128 outputs per block, each consumer
+// two 64 × 128 parts (rows 64·cw … and 128 + 64·cw …) sharing the B descriptor, so that an expert
+// of up to 256 rows reads its weights once; a part (or, in wide tiles, a consumer) with no rows of
+// the expert issues no MMAs.
 #include "core/error.h"
 #include "ops/cuda/grouped_fp8.h"
 #include "ops/cuda/tensor_map.h"
@@ -54,7 +58,7 @@ template <Epilogue kEpi>
 constexpr int kStagesOf = kEpi == Epilogue::Registers ? 4 : 3;
 
 // The output tile of one block: kBM × kBN (wide, every path) or, for bf16 experts with few rows
-// each, 256 rows × 128 outputs (tall: an expert of up to 256 rows reads its weights once).
+// each, 256 rows × 128 outputs (tall).
 template <bool kTall>
 struct TileShape {
     static constexpr int m = kTall ? 2 * kBM : kBM, n = kTall ? kBN / 2 : kBN;
@@ -144,12 +148,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // TmaStore's epilogue of one consumer, all 128 of its threads (the file comment has the layout).
 // y: the consumer's output tile in shared memory; grow: the global row of its first row; v: its
 // rows inside the expert's padded block (a multiple of 4, ≤ 0 when none); c0: the tile's first
-// output. Tall tiles: acc[1] (chunks 2 and 3) holds rows grow + 128 … of the same 128 outputs,
-// v1 of them inside the block.
-template <bool kTall>
+// output.
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool second, uint32_t y,
                                                int cw, int tid, const OutMaps& maps, int grow,
-                                               int v, int v1, int c0) {
+                                               int v, int c0) {
     const int warp = tid / 32, lane = tid % 32;
     if (tid == 0) bulk_wait_read<0>();  // the previous tile's stores have read y
     named_barrier_sync(1 + cw, 128);
@@ -180,29 +182,28 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
 #pragma unroll 1
     for (int q = 0; q < (second ? 4 : 2); ++q) {
         const uint32_t src = y + q * kYChunkBytes;
-        const bool lower = kTall && q >= 2;  // a tall tile's second part
-        const int col = c0 + (kTall ? q % 2 : q) * kYChunkCols;
-        const int g = lower ? grow + 2 * kYRows : grow, n = lower ? v1 : v;
-        if (n == kYRows) {
-            tma_store_2d(&maps.rows64, src, col, g);
+        const int col = c0 + q * kYChunkCols;
+        if (v == kYRows) {
+            tma_store_2d(&maps.rows64, src, col, grow);
             continue;
         }
         int r = 0;
-        for (; r + kYBoxMid <= n; r += kYBoxMid)
-            tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, g + r);
-        if (r < n) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, g + r);
+        for (; r + kYBoxMid <= v; r += kYBoxMid)
+            tma_store_2d(&maps.rows8, src + r * kYRowBytes, col, grow + r);
+        if (r < v) tma_store_2d(&maps.rows4, src + r * kYRowBytes, col, grow + r);
     }
     bulk_commit();
 }
 
 // kBf16: bf16 operands (grouped_gemm_bf16), a k-block is 64 values; else e4m3 with scales.
-// kTall: 256 × 128 tiles (TileShape).
+// kTall (bf16 only): 256 × 128 tiles (TileShape).
 template <Epilogue kEpi, bool kBf16, bool kTall = false>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_kernel(const __grid_constant__ CUtensorMap map_x,
                    const __grid_constant__ CUtensorMap map_w,
                    const __grid_constant__ CUtensorMap map_w_last,
                    const __grid_constant__ OutMaps map_y, const Args a) {
+    static_assert(kBf16 || !kTall, "tall tiles are for bf16 operands");
     constexpr int kStages = kStagesOf<kEpi>;
     constexpr int BM = TileShape<kTall>::m, BN = TileShape<kTall>::n;
     constexpr int kABytesT = BM * kBK, kBBytesT = BN * kBK;
@@ -327,49 +328,37 @@ __global__ void __launch_bounds__(kThreads, 1)
             float d[64];
             // This thread's scales of k-block kb, loaded one k-block ahead: a global load takes
             // about as long as one k-block's MMAs, and waiting for it would idle the tensor cores.
-            // Wide: one pair of row scales, a tile scale per 128-output half. Tall: a pair of
-            // row scales per part, one tile scale (the tile's 128 outputs).
-            float nx0 = 0.0f, nx1 = 0.0f, nx2 = 0.0f, nx3 = 0.0f, nw0 = 0.0f, nw1 = 0.0f;
+            float nx0 = 0.0f, nx1 = 0.0f, nw0 = 0.0f, nw1 = 0.0f;
             const auto load_scales = [&](int kb) {
-                const float* xk = xs + int64_t{kb} * m4;
-                nx0 = r0 < m4 ? xk[r0] : 0.0f;
-                nx1 = r1 < m4 ? xk[r1] : 0.0f;
+                nx0 = r0 < m4 ? xs[int64_t{kb} * m4 + r0] : 0.0f;
+                nx1 = r1 < m4 ? xs[int64_t{kb} * m4 + r1] : 0.0f;
                 nw0 = ws[kb];
-                if constexpr (kTall) {
-                    nx2 = r0 + 128 < m4 ? xk[r0 + 128] : 0.0f;
-                    nx3 = r1 + 128 < m4 ? xk[r1 + 128] : 0.0f;
-                } else {
-                    nw1 = second ? ws[ws_ld + kb] : 0.0f;
-                }
+                nw1 = second ? ws[ws_ld + kb] : 0.0f;
             };
             load_scales(0);
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
-                const float x0 = nx0, x1 = nx1, x2 = nx2, x3 = nx3, w0 = nw0, w1 = nw1;
+                const float x0 = nx0, x1 = nx1, w0 = nw0, w1 = nw1;
                 if (kb + 1 < n_kb) load_scales(kb + 1);
                 mbar_wait(&s.full[st], (it / kStages) & 1);
-                const uint32_t sa = smem_u32(s.a[st]) + part_row(0) * kBK, sbm = smem_u32(s.b[st]);
+                const uint32_t sa = smem_u32(s.a[st]) + cw * 64 * kBK, sbm = smem_u32(s.b[st]);
                 // Each 128-output half: four k32 MMAs into d, wait, d · scales into its
-                // accumulators (none when the consumer's rows are past the expert's).
+                // accumulators.
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    if ((h == 1 && !second) || !active) break;
+                    if (h == 1 && !second) break;
 #pragma unroll
                     for (int j = 0; j < 64; ++j) reg_fence(d[j]);
                     wgmma_fence();
-                    // Tall: part h's rows (A 128 rows further), the same outputs.
-                    const uint32_t ah = kTall ? sa + h * 128 * kBK : sa;
-                    const uint32_t bh = kTall ? sbm : sbm + h * kHalfBytes;
 #pragma unroll
                     for (int k = 0; k < kBK / 32; ++k)
-                        wgmma_m64n128k32_e4m3(d, wgmma_desc_sw128(ah + k * 32),
-                                              wgmma_desc_sw128(bh + k * 32), k);
+                        wgmma_m64n128k32_e4m3(d, wgmma_desc_sw128(sa + k * 32),
+                                              wgmma_desc_sw128(sbm + h * kHalfBytes + k * 32), k);
                     wgmma_commit();
                     wgmma_wait<0>();
 #pragma unroll
                     for (int j = 0; j < 64; ++j) reg_fence(d[j]);
-                    const float f0 = kTall ? (h ? x2 : x0) * w0 : x0 * (h ? w1 : w0);
-                    const float f1 = kTall ? (h ? x3 : x1) * w0 : x1 * (h ? w1 : w0);
+                    const float f0 = x0 * (h ? w1 : w0), f1 = x1 * (h ? w1 : w0);
 #pragma unroll
                     for (int j = 0; j < 64; ++j) acc[h][j] += d[j] * ((j & 2) ? f1 : f0);
                 }
@@ -394,12 +383,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
         } else {
-            const int lrow = tl.mt * BM + cw * kYRows;  // the consumer's first row in the expert
+            const int lrow = tl.mt * kBM + cw * kYRows;  // the consumer's first row in the expert
             static_assert(!kBf16, "bf16 rows are not padded: the register epilogue");
-            store_tile_tma<kTall>(acc, second,
-                                  smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes),
-                                  cw, tid, map_y, p0 + lrow, min(kYRows, m4 - lrow),
-                                  min(kYRows, m4 - lrow - 2 * kYRows), c0);
+            store_tile_tma(acc, second,
+                           smem_u32(base + kYOffset<kStages>) + uint32_t(cw * kYTileBytes), cw, tid,
+                           map_y, p0 + lrow, min(kYRows, m4 - lrow), c0);
         }
     }
     // The last tile's stores have finished before the block (and its shared memory) goes.
@@ -450,26 +438,14 @@ void launch(const CUtensorMap& mx, const CUtensorMap& mw, const CUtensorMap& mw_
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
-GroupedTile tile_for(GroupedTile asked, int64_t rows, int n_experts) {
-    if (asked != GroupedTile::Auto) return asked;
-    return rows <= kGroupedTallMaxMeanRows * n_experts ? GroupedTile::Tall : GroupedTile::Wide;
-}
-
-void check_tile(GroupedTile t, const char* what) {
-    CPFILL_CHECK(t == GroupedTile::Auto || t == GroupedTile::Wide || t == GroupedTile::Tall,
-                 "grouped {} GEMM: tile {} is none of Auto, Wide, Tall", what, static_cast<int>(t));
-}
-
 }  // namespace
 
 bool grouped_fp8_supported() { return ::cpfill::cuda::current_device_is_sm90(); }
 
-GroupedTile grouped_fp8_tile(const GroupedFp8Gemm& g) {
-    return tile_for(g.tile, g.n_pad, g.n_experts);
-}
-
-GroupedTile grouped_bf16_tile(const GroupedBf16Gemm& g) {
-    return tile_for(g.tile, g.rows, g.n_experts);
+GroupedBf16Tile grouped_bf16_tile(const GroupedBf16Gemm& g) {
+    if (g.tile != GroupedBf16Tile::Auto) return g.tile;
+    return g.rows <= kGroupedBf16TallMaxMeanRows * g.n_experts ? GroupedBf16Tile::Tall
+                                                               : GroupedBf16Tile::Wide;
 }
 
 void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
@@ -492,16 +468,13 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
     const bool apart = g.w_last != nullptr;
     CPFILL_CHECK(apart == (g.ws_last != nullptr),
                  "grouped fp8 GEMM: the last expert's weights and scales are given together");
-    check_tile(g.tile, "fp8");
     if (g.n_pad == 0) return;
-    const bool tall = grouped_fp8_tile(g) == GroupedTile::Tall;
-    const int bm = tall ? TileShape<true>::m : kBM, bn = tall ? TileShape<true>::n : kBN;
-    const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, bm);
+    const CUtensorMap mx = tile_map(g.x, g.n_pad, g.in, kBM);
     // The routed experts' map (the last expert's when it is the only one: never read then).
     const int routed = apart ? g.n_experts - 1 : g.n_experts;
-    const CUtensorMap mw =
-        routed > 0 ? tile_map(g.w, routed * g.out, g.in, bn) : tile_map(g.w_last, g.out, g.in, bn);
-    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, bn) : mw;
+    const CUtensorMap mw = routed > 0 ? tile_map(g.w, routed * g.out, g.in, kBN)
+                                      : tile_map(g.w_last, g.out, g.in, kBN);
+    const CUtensorMap mw_last = apart ? tile_map(g.w_last, g.out, g.in, kBN) : mw;
     OutMaps my{};
     if (tma_store) {
         my.rows64 = out_map(g.y, g.n_pad, g.out, kYBox);
@@ -517,12 +490,8 @@ void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream) {
                  static_cast<int>(g.in),
                  static_cast<int>(g.out),
                  g.y};
-    if (tma_store && tall)
-        launch<Epilogue::TmaStore, false, true>(mx, mw, mw_last, my, a, stream);
-    else if (tma_store)
+    if (tma_store)
         launch<Epilogue::TmaStore>(mx, mw, mw_last, my, a, stream);
-    else if (tall)
-        launch<Epilogue::Registers, false, true>(mx, mw, mw_last, my, a, stream);
     else
         launch<Epilogue::Registers>(mx, mw, mw_last, my, a, stream);
 }
@@ -537,10 +506,13 @@ void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream) {
                      g.rows < (int64_t{1} << 31),
                  "grouped bf16 GEMM: {} rows × {} × {} over {} experts is out of range", g.rows,
                  g.out, g.in, g.n_experts);
-    check_tile(g.tile, "bf16");
+    CPFILL_CHECK(g.tile == GroupedBf16Tile::Auto || g.tile == GroupedBf16Tile::Wide ||
+                     g.tile == GroupedBf16Tile::Tall,
+                 "grouped bf16 GEMM: tile {} is none of Auto, Wide, Tall",
+                 static_cast<int>(g.tile));
     if (g.rows == 0) return;
-    const GroupedTile tile = grouped_bf16_tile(g);
-    const bool tall = tile == GroupedTile::Tall;
+    const GroupedBf16Tile tile = grouped_bf16_tile(g);
+    const bool tall = tile == GroupedBf16Tile::Tall;
     const CUtensorMap mx = tile_map(g.x, g.rows, 2 * g.in, tall ? TileShape<true>::m : kBM);
     const CUtensorMap mw =
         tile_map(g.w, g.n_experts * g.out, 2 * g.in, tall ? TileShape<true>::n : kBN);

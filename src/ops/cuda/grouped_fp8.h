@@ -19,15 +19,6 @@ namespace cpfill::ops::cuda {
 // computes, 3 pipeline stages (the output tiles take the fourth's space).
 enum class GroupedFp8Epilogue { Registers, TmaStore };
 
-// The output tile of a block: Wide, 128 rows × 256 outputs; Tall, 256 rows × 128 outputs, each
-// consumer warpgroup two 64 × 128 parts (rows 64·cw … and 128 + 64·cw …). With Tall an expert of
-// up to 256 rows has one row tile and its weights are read once, where Wide's two row tiles of a
-// 192-row expert (8k tokens over 256 experts, top-6) each read them. Either way a part whose 64
-// rows are all past the expert's issues no MMAs. Auto: Tall when the experts have at most
-// kGroupedTallMaxMeanRows rows on average (padded rows for fp8), else Wide.
-enum class GroupedTile { Auto, Wide, Tall };
-constexpr int64_t kGroupedTallMaxMeanRows = 256;
-
 inline const char* grouped_fp8_epilogue_name(GroupedFp8Epilogue e) {
     return e == GroupedFp8Epilogue::Registers ? "registers" : "tma_store";
 }
@@ -56,16 +47,22 @@ struct GroupedFp8Gemm {
     // the V4-Flash expert shapes); it needs y 16-byte aligned. Registers stays as the measured
     // baseline of bench/fp8_gemm_bench and the reference its tests compare bits against.
     GroupedFp8Epilogue epilogue = GroupedFp8Epilogue::TmaStore;
-    GroupedTile tile = GroupedTile::Auto;
 };
-
-// The tile grouped_gemm_fp8 uses for g (Auto resolved).
-GroupedTile grouped_fp8_tile(const GroupedFp8Gemm& g);
 
 // Whether this GPU runs the kernel (compute capability 9.0: wgmma and TMA as built, sm_90a).
 bool grouped_fp8_supported();
 
 void grouped_gemm_fp8(const GroupedFp8Gemm& g, cudaStream_t stream);
+
+// The output tile of grouped_gemm_bf16: Wide, 128 rows × 256 outputs (the fp8 path's); Tall, 256
+// rows × 128 outputs, each consumer warpgroup two 64 × 128 parts (rows 64·cw … and 128 + 64·cw …).
+// With Tall an expert of up to 256 rows has one row tile and its weights are read once, where
+// Wide's two row tiles of a 192-row expert (8k tokens over 256 experts, top-6) each read them; a
+// part whose 64 rows are all past the expert's issues no MMAs. Auto: Tall when the experts have at
+// most kGroupedBf16TallMaxMeanRows rows on average, else Wide (docs/fp8.md, "Tall tiles for bf16
+// experts of few rows": measured, and why fp8 keeps the wide tiles).
+enum class GroupedBf16Tile { Auto, Wide, Tall };
+constexpr int64_t kGroupedBf16TallMaxMeanRows = 256;
 
 // bf16 experts through the same kernel (docs/fp8.md, "bf16 experts in the grouped kernel"): for
 // every expert e, y[first[e] … first[e + 1]) = x[those rows] · w_eᵀ, rows dense in the order of
@@ -81,12 +78,12 @@ struct GroupedBf16Gemm {
     const __nv_bfloat16* w = nullptr;  // [E][out][in]
     int64_t in = 0, out = 0;           // in a multiple of 64, out of 128
     __nv_bfloat16* y = nullptr;        // [rows, out]
-    GroupedTile tile = GroupedTile::Auto;
+    GroupedBf16Tile tile = GroupedBf16Tile::Auto;
 };
 
 void grouped_gemm_bf16(const GroupedBf16Gemm& g, cudaStream_t stream);
 
-// The tile grouped_gemm_bf16 uses for g (Auto resolved: as for fp8, over its dense rows).
-GroupedTile grouped_bf16_tile(const GroupedBf16Gemm& g);
+// The tile grouped_gemm_bf16 uses for g (Auto resolved).
+GroupedBf16Tile grouped_bf16_tile(const GroupedBf16Gemm& g);
 
 }  // namespace cpfill::ops::cuda
