@@ -102,9 +102,8 @@ void grouped_experts(int E, int64_t rows, int reps) {
 // faster grouped launch (GB/s: at few rows per expert the launch is bound by reading them).
 void grouped_experts_bf16(int E, int64_t rows, int reps) {
     fmt::print(
-        "\n| experts × rows | GEMM (out × in) | grouped bf16 TFLOP/s, 128×256 tiles | 256×128 "
-        "tiles "
-        "| per-expert cuBLASLt bf16 | weights GB/s (faster grouped) |\n");
+        "\n| experts × rows | GEMM (out × in) | grouped bf16 TFLOP/s, 128×256 tiles "
+        "| 256×128 tiles | per-expert cuBLASLt bf16 | weights GB/s (faster grouped) |\n");
     fmt::print("|---|---|---:|---:|---:|---:|\n");
     oc::GemmContext ctx;
     for (const auto& [n, k, what] : {std::tuple{int64_t{4096}, int64_t{4096}, "gate_up"},

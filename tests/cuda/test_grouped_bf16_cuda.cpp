@@ -140,6 +140,17 @@ TEST(GroupedBf16Auto, TallUpTo256RowsPerExpertOnAverage) {
     EXPECT_EQ(oc::grouped_bf16_tile(g), oc::GroupedBf16Tile::Tall);
 }
 
+// A tile none of Auto, Wide, Tall is refused before any work (no GPU needed: the checks come
+// first).
+TEST(GroupedBf16Args, RefusesAnUnknownTile) {
+    oc::GroupedBf16Gemm g;
+    g.n_experts = 1;
+    g.in = 128;
+    g.out = 256;
+    g.tile = static_cast<oc::GroupedBf16Tile>(7);
+    EXPECT_THROW(oc::grouped_gemm_bf16(g, nullptr), Error);
+}
+
 TEST(GroupedBf16Args, RefusesWidthsOffTheBlocks) {
     CPFILL_SKIP_WITHOUT_GPU();
     oc::GroupedBf16Gemm g;
