@@ -23,9 +23,10 @@
 // row sums of the rounded values, the sink in the denominator only; keys past the list are zero
 // rows with logit −∞. Shared tiles are K-major rows of 128 bytes in the 128-byte swizzle (8 blocks
 // of 64 channels, each 64 rows × 128 bytes). The optional prologue (q_norm, rope_dim) runs on the
-// 8 compute warps once Q has landed (the first warp also keeps the item's RoPE angles in shared
-// memory); the output goes out from the registers as bf16, its RoPE pairs (both channels of a pair
-// in one thread) rotated back there with those angles. The schedule follows the
+// 8 compute warps once Q has landed, four rows per warp at a time (norm_rope_q), with the item's
+// RoPE angles that the copy warpgroup put in shared memory; the output goes out from the registers
+// as bf16, its RoPE pairs (both channels of a pair in one thread) rotated back there with the same
+// angles. The schedule follows the
 // one FlashMLA's sparse prefill kernel uses (docs/performance-notes.md, session 32).
 #include <algorithm>
 #include <cstdint>
@@ -79,13 +80,13 @@ struct WgSmem {
     alignas(1024) unsigned char p[2][kBlockBytes];  // each tile's P [64 heads × 64 keys]
     float m[kM];                                    // the row max handed between the warpgroups
     float sum[2][kM];                               // each warpgroup's row sums at the end
-    float2 rope_cs[kMaxRopeDim / 2];                // the item's RoPE angles: (cos, sin) per pair
-    int count[2][4];                                // the copy warps' key counts, by item parity
-    int n_keys;                                     // the item's key count (with Q)
-    uint64_t q_full;                                // Q landed (and n_keys written)
-    uint64_t q_empty;                               // every logits MMA of the item done
-    uint64_t full[2][2];                            // [buffer][half] landed
-    uint64_t empty[2][2];                           // [buffer][half] read by its last MMA
+    float2 rope_cs[2][kMaxRopeDim / 2];  // RoPE angles (cos, sin) per pair, by item parity
+    int count[2][4];                     // the copy warps' key counts, by item parity
+    int n_keys;                          // the item's key count (with Q)
+    uint64_t q_full;                     // Q landed (and n_keys written)
+    uint64_t q_empty;                    // every logits MMA of the item done
+    uint64_t full[2][2];                 // [buffer][half] landed
+    uint64_t empty[2][2];                // [buffer][half] read by its last MMA
 };
 
 // Byte offset of 16-byte chunk c (0 … 63) of row r in a [64 rows × 512 channels] swizzled tile.
@@ -118,6 +119,66 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
+// The prologue of an item: Q's per-head RMSNorm (when norm) and RoPE in place, the arithmetic of
+// attention_device::norm_rope_row (the same values; the first half's channels, never rotated, skip
+// the rotation by (1, 0)). Warp w takes rows w, w + 8, …, all 64 (padded rows are zeros and stay
+// so), four at a time: a batch's loads, sums and shuffles overlap, where one row at a time paid
+// every latency in turn (0.54 → 0.31 ms per 16k queries on an H100: docs/performance-notes.md,
+// session 38). The angles: s.rope_cs[which], pairs from channel rope0 (within 256–511).
+__device__ __forceinline__ void norm_rope_q(WgSmem& s, int which, int warp, int lane, int rope0,
+                                            bool norm, float eps) {
+    constexpr int kWarps = kComputeThreads / 32, kBatch = 4;  // rows in flight per warp
+#pragma unroll
+    for (int r0 = warp; r0 < kM; r0 += kBatch * kWarps) {
+        uint32_t v[kBatch][8];  // a row's 16 channels of this lane as bf16 pairs
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint4 u =
+                    *reinterpret_cast<const uint4*>(s.q + swz(r0 + j * kWarps, lane + 32 * h));
+                v[j][4 * h] = u.x;
+                v[j][4 * h + 1] = u.y;
+                v[j][4 * h + 2] = u.z;
+                v[j][4 * h + 3] = u.w;
+            }
+        float ss[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            ss[j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float2 f = unpack_bf16x2(v[j][k]);
+                ss[j] += f.x * f.x + f.y * f.y;
+            }
+        }
+        if (norm)
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+                for (int j = 0; j < kBatch; ++j) ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], off);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+            const float f = norm ? rsqrtf(ss[j] / kHeadDim + eps) : 1.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float2 x = unpack_bf16x2(v[j][k]);
+                float a = x.x * f, b = x.y * f;
+                const int c = (k / 4) * kHeadDim / 2 + lane * 8 + 2 * (k % 4);
+                if (k >= 4 && c >= rope0) {  // the rotated slice is in the second half
+                    const float2 t = s.rope_cs[which][(c - rope0) / 2];
+                    rope_device::rotate(a, b, t.x, t.y);
+                }
+                v[j][k] = bf16x2(a, b);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<uint4*>(s.q + swz(r0 + j * kWarps, lane + 32 * h)) =
+                    make_uint4(v[j][4 * h], v[j][4 * h + 1], v[j][4 * h + 2], v[j][4 * h + 3]);
+        }
+    }
 }
 
 // A block's work items, item = query × group of 64 heads, taken every gridDim.x-th from blockIdx.x
@@ -187,8 +248,18 @@ __device__ void copy_warpgroup(WgSmem& s, const AttnArgs& a, int64_t n_items) {
         const int32_t* const sel = kl.sel;
         const int n_pairs = (n_keys + 2 * kTile - 1) / (2 * kTile);
 
+        // The item's RoPE angles, one pair per lane of the first warp (all heads are at one
+        // position), for the compute warpgroups' prologue and epilogue; computed while the last
+        // item's logits run, stored once they are done (the slot of two items back is free then).
+        float2 angle = {1.0f, 0.0f};
+        if (i < a.rope_dim / 2)
+            rope_cos_sin(kHeadDim - a.rope_dim + 2 * i, a.rope_dim, a.inv_freq,
+                         static_cast<float>(a.pos[it.t]), false, angle.x, angle.y);
+
         mbar_wait(&s.q_empty, q_parity);  // every logits MMA of the last item is done
         q_parity ^= 1;
+        if (i < a.rope_dim / 2) s.rope_cs[slot][i] = angle;
+        __syncwarp();  // the lanes' angles before the first lane's release on q_full
         const __nv_bfloat16* q_rows = a.q + (it.t * a.n_heads + it.h0) * kHeadDim;
         for (int x = i; x < kM * kChunks; x += 128) {
             const int r = x / kChunks, c = x % kChunks;
@@ -288,25 +359,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t parity = 0, q_parity = 0;  // of the full barriers (per pair) and q_full (per item)
     for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
         const Item it = item_at(item, a.n_heads);
-        const int64_t p = a.pos[it.t];
         mbar_wait(&s.q_full, q_parity);
-        q_parity ^= 1;
+        q_parity ^= 1;  // now the next item's parity: q_parity ^ 1 is this one's (its s.rope_cs)
         const int n_keys = s.n_keys;
         const int n_pairs = (n_keys + 2 * kTile - 1) / (2 * kTile);
         if (a.q_norm || a.rope_dim > 0) {
-            const LaneRope rope = lane_rope(lane, a.rope_dim, a.inv_freq, static_cast<float>(p));
-            if (tid < 32)  // the angles for the output's inverse rotation (all heads are at p)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        const int c = h * kHeadDim / 2 + lane * 8 + 2 * k;
-                        if (c >= rope0) s.rope_cs[(c - rope0) / 2] = {rope.cs[h][k], rope.sn[h][k]};
-                    }
-            for (int r = tid >> 5; r < it.n_q_rows; r += kComputeThreads / 32)
-                norm_rope_row(reinterpret_cast<uint4*>(s.q + swz(r, lane)),
-                              reinterpret_cast<uint4*>(s.q + swz(r, lane + 32)), a.q_norm,
-                              a.q_norm_eps, rope);
+            norm_rope_q(s, q_parity ^ 1, tid >> 5, lane, rope0, a.q_norm, a.q_norm_eps);
             fence_proxy_async_shared();  // the rows → wgmma's reads
             named_barrier_sync(kBarQ, kComputeThreads);
         }
@@ -510,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Sink in the denominator only: out = O·e^(m−M) / (l·e^(m−M) + e^(sink−M)), M = max(m,
         // sink). The channel pairs (256·wg + 8j + 2c4, +1) go out as bf16 straight from the
         // registers (the Q buffer may already hold the next item's Q); a pair of the RoPE slice is
-        // rotated back first, with the prologue's angles (s.rope_cs, written before kBarQ).
+        // rotated back first, with the item's angles (s.rope_cs, written before q_full).
         __nv_bfloat16* const out_rows = a.out + (it.t * a.n_heads + it.h0) * kHeadDim;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -525,14 +583,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                     float x = o[4 * j + 2 * half] * inv, y = o[4 * j + 2 * half + 1] * inv;
                     // (j first: compile-time, only the last kMaxRopeDim channels can be rotated)
                     if (j * 8 >= kHeadDim / 2 - kMaxRopeDim && ch >= rope0) {
-                        const float2 cs = s.rope_cs[(ch - rope0) / 2];
+                        const float2 cs = s.rope_cs[q_parity ^ 1][(ch - rope0) / 2];
                         rope_device::rotate(x, y, cs.x, -cs.y);
                     }
                     *reinterpret_cast<uint32_t*>(&out_rows[r * kHeadDim + ch]) = bf16x2(x, y);
                 }
             }
         }
-        named_barrier_sync(kBarOut, kComputeThreads);  // s.sum and s.rope_cs are free again
+        named_barrier_sync(kBarOut, kComputeThreads);  // s.sum is free again
     }
 }
 
