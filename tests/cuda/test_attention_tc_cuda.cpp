@@ -325,9 +325,10 @@ TEST_P(CudaAttentionTcNormRope, MatchesCpu) {
 }
 
 // The same raw queries through the passes the options replace: rmsnorm, apply_rope, attention_tc
-// with the options off, inverse apply_rope. Those round q and out twice where the kernel rounds
-// once (and sum the squares in another order), so rows differ by a bf16 ulp here and there:
-// allowed 3 ulps at the output's scale.
+// with the options off, inverse apply_rope, against every kernel with the options on. The passes
+// round q and out twice where attention_tc rounds once and attention_wg rounds only q's RoPE
+// slice (it scales the logits by the norm factor instead), and they sum the squares in another
+// order, so rows differ by a bf16 ulp here and there: allowed 3 ulps at the output's scale.
 TEST_P(CudaAttentionTcNormRope, MatchesSeparateKernels) {
     CPFILL_SKIP_WITHOUT_GPU();
     const AttnCase c = make_case(GetParam());
@@ -356,10 +357,15 @@ TEST_P(CudaAttentionTcNormRope, MatchesSeparateKernels) {
 
     DeviceAttn fused(c, d);
     fold_norm_rope(fused.args, inv_freq);
-    ops::cuda::attention_tc(fused.args, nullptr);
-    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
-    const Diff diffs = print_diff("out", diff(cuda::download_bf16(fused.out, ref.size()), ref));
-    EXPECT_LE(diffs.max_abs, 3 * ulp) << diffs.str();
+    for (const Kernel& k : kernels()) {
+        SCOPED_TRACE(k.name);
+        fused.poison_out();
+        k.run(fused.args, nullptr);
+        CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+        const Diff diffs =
+            print_diff(k.name, diff(cuda::download_bf16(fused.out, ref.size()), ref));
+        EXPECT_LE(diffs.max_abs, 3 * ulp) << diffs.str();
+    }
 }
 
 // Every head-group size, padded groups (5, 24 and 80 heads), one query, every key list; 300
