@@ -326,9 +326,8 @@ TEST_P(CudaAttentionTcNormRope, MatchesCpu) {
 
 // The same raw queries through the passes the options replace: rmsnorm, apply_rope, attention_tc
 // with the options off, inverse apply_rope, against every kernel with the options on. The passes
-// round q and out twice where attention_tc rounds once and attention_wg rounds only q's RoPE
-// slice (it scales the logits by the norm factor instead), and they sum the squares in another
-// order, so rows differ by a bf16 ulp here and there: allowed 3 ulps at the output's scale.
+// round q and out twice where the kernels round once (and sum the squares in another order), so
+// rows differ by a bf16 ulp here and there: allowed 3 ulps at the output's scale.
 TEST_P(CudaAttentionTcNormRope, MatchesSeparateKernels) {
     CPFILL_SKIP_WITHOUT_GPU();
     const AttnCase c = make_case(GetParam());

@@ -26,8 +26,8 @@
 // 8 compute warps once Q has landed, four rows per warp at a time (norm_rope_q), with the item's
 // RoPE angles that the copy warpgroup put in shared memory; the output goes out from the registers
 // as bf16, its RoPE pairs (both channels of a pair in one thread) rotated back there with the same
-// angles. The schedule follows the
-// one FlashMLA's sparse prefill kernel uses (docs/performance-notes.md, session 32).
+// angles. The schedule follows the one FlashMLA's sparse prefill kernel uses
+// (docs/performance-notes.md, session 32).
 #include <algorithm>
 #include <cstdint>
 
