@@ -102,44 +102,59 @@ __device__ __forceinline__ LaneRope lane_rope(int lane, int rope_dim, const floa
     return r;
 }
 
-// Per-head RMSNorm (no weight, when norm) and RoPE of one head row held by a warp, fp32, one
-// rounding to bf16: lane l's 16 channels are the 16-byte chunks half0 (channels 8l …) and half1
+// Per-head RMSNorm (no weight, when norm) and RoPE of kRows head rows of a warp, fp32, one
+// rounding to bf16. v[j] holds lane l's 16 channels of row j as bf16 pairs: pairs 0–3 channels
+// 8l …, pairs 4–7 channels 256 + 8l …; rotate(k, a, b) turns pair k, normalised, by its angle (or
+// leaves it). The rows' sums and shuffles are issued together, so with kRows > 1 their latencies
+// overlap. The kernels load and store the rows wherever their layouts put them.
+template <int kRows, class Rotate>
+__device__ __forceinline__ void norm_rope_rows(uint32_t (&v)[kRows][8], bool norm, float eps,
+                                               const Rotate& rotate) {
+    const auto unpack = [](uint32_t u) {
+        return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+    };
+    float ss[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+        ss[j] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float2 f = unpack(v[j][k]);
+            ss[j] += f.x * f.x + f.y * f.y;
+        }
+    }
+    if (norm)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+            for (int j = 0; j < kRows; ++j) ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], off);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+        const float f = norm ? rsqrtf(ss[j] / kHeadDim + eps) : 1.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float2 x = unpack(v[j][k]);
+            float a = x.x * f, b = x.y * f;
+            rotate(k, a, b);
+            const __nv_bfloat162 r = __floats2bfloat162_rn(a, b);
+            v[j][k] = *reinterpret_cast<const uint32_t*>(&r);
+        }
+    }
+}
+
+// One head row: lane l's 16 channels are the 16-byte chunks half0 (channels 8l …) and half1
 // (256 + 8l …), in shared memory wherever the kernel's layout puts them.
 __device__ __forceinline__ void norm_rope_row(uint4* half0, uint4* half1, bool norm, float eps,
                                               const LaneRope& rope) {
     uint4* halves[2] = {half0, half1};
-    float x[2][8];
-    float ss = 0.0f;
+    uint32_t v[1][8];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint4 v = *halves[h];
-        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
+    for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(&v[0][4 * h]) = *halves[h];
+    norm_rope_rows<1>(v, norm, eps, [&](int k, float& a, float& b) {
+        rope_device::rotate(a, b, rope.cs[k / 4][k % 4], rope.sn[k / 4][k % 4]);
+    });
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const float2 f = __bfloat1622float2(pairs[k]);
-            x[h][2 * k] = f.x;
-            x[h][2 * k + 1] = f.y;
-            ss += f.x * f.x + f.y * f.y;
-        }
-    }
-    float scale = 1.0f;
-    if (norm) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        scale = rsqrtf(ss / kHeadDim + eps);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        uint4 v;
-        __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            float a = x[h][2 * k] * scale, b = x[h][2 * k + 1] * scale;
-            rope_device::rotate(a, b, rope.cs[h][k], rope.sn[h][k]);
-            pairs[k] = __floats2bfloat162_rn(a, b);
-        }
-        *halves[h] = v;
-    }
+    for (int h = 0; h < 2; ++h) *halves[h] = *reinterpret_cast<const uint4*>(&v[0][4 * h]);
 }
 
 }  // namespace cpfill::ops::cuda::attention_device

@@ -121,12 +121,13 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
-// The prologue of an item: Q's per-head RMSNorm (when norm) and RoPE in place, the arithmetic of
-// attention_device::norm_rope_row (the same values; the first half's channels, never rotated, skip
-// the rotation by (1, 0)). Warp w takes rows w, w + 8, …, all 64 (padded rows are zeros and stay
-// so), four at a time: a batch's loads, sums and shuffles overlap, where one row at a time paid
-// every latency in turn (0.54 → 0.31 ms per 16k queries on an H100: docs/performance-notes.md,
-// session 38). The angles: s.rope_cs[which], pairs from channel rope0 (within 256–511).
+// The prologue of an item: Q's per-head RMSNorm (when norm) and RoPE in place, by
+// attention_device::norm_rope_rows as attention_tc does it (the same values; the first half's
+// channels, never rotated, skip the rotation by (1, 0)). Warp w takes rows w, w + 8, …, all 64
+// (padded rows are zeros and stay so), four at a time: a batch's loads, sums and shuffles overlap,
+// where one row at a time paid every latency in turn (0.54 → 0.31 ms per 16k queries on an H100:
+// docs/performance-notes.md, session 38). The angles: s.rope_cs[which], pairs from channel rope0
+// (within 256–511).
 __device__ __forceinline__ void norm_rope_q(WgSmem& s, int which, int warp, int lane, int rope0,
                                             bool norm, float eps) {
     constexpr int kWarps = kComputeThreads / 32, kBatch = 4;  // rows in flight per warp
@@ -144,35 +145,15 @@ __device__ __forceinline__ void norm_rope_q(WgSmem& s, int which, int warp, int 
                 v[j][4 * h + 2] = u.z;
                 v[j][4 * h + 3] = u.w;
             }
-        float ss[kBatch];
+        attention_device::norm_rope_rows<kBatch>(v, norm, eps, [&](int k, float& a, float& b) {
+            const int c = (k / 4) * kHeadDim / 2 + lane * 8 + 2 * (k % 4);
+            if (k >= 4 && c >= rope0) {  // the rotated slice is in the second half
+                const float2 t = s.rope_cs[which][(c - rope0) / 2];
+                rope_device::rotate(a, b, t.x, t.y);
+            }
+        });
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
-            ss[j] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const float2 f = unpack_bf16x2(v[j][k]);
-                ss[j] += f.x * f.x + f.y * f.y;
-            }
-        }
-        if (norm)
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-                for (int j = 0; j < kBatch; ++j) ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], off);
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-            const float f = norm ? rsqrtf(ss[j] / kHeadDim + eps) : 1.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const float2 x = unpack_bf16x2(v[j][k]);
-                float a = x.x * f, b = x.y * f;
-                const int c = (k / 4) * kHeadDim / 2 + lane * 8 + 2 * (k % 4);
-                if (k >= 4 && c >= rope0) {  // the rotated slice is in the second half
-                    const float2 t = s.rope_cs[which][(c - rope0) / 2];
-                    rope_device::rotate(a, b, t.x, t.y);
-                }
-                v[j][k] = bf16x2(a, b);
-            }
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 *reinterpret_cast<uint4*>(s.q + swz(r0 + j * kWarps, lane + 32 * h)) =
