@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# A/B timing of this tree against a base revision, both built on the same GPU machine, their
+# `cpfill bench` runs alternating (base, this, base, this, …): the method of every kernel change
+# since session 34, which each session had written again as a temporary wrapper.
+#   scripts/ab-bench.sh prepare [REV]   here (default REV: HEAD): the tree at REV, as git archive
+#                                       writes it, into .cache/ab-base (carry it to the device)
+#   scripts/ab-bench.sh run [ROUNDS] [bench arguments…]   on the GPU machine: builds cpfill from
+#                                       .cache/ab-base (in /tmp/ab-base) and from this tree (in
+#                                       build-gpu, as scripts/gpu-check.sh does), then ROUNDS
+#                                       (default 2) rounds of base and this; results under $OUT
+#                                       (or ./gpu-out): ab.md (each run's result rows, the first
+#                                       column naming the run), ab-benches.tgz (every run's
+#                                       output), ab-build.log
+# Default bench arguments: --preset flash-slice --lengths 8k,64k --cp 1 --tbo off --weights
+# bf16,fp8 --repeat 3. Carry [".cache/ab-base", ".cache/gpu-deps"] (the build needs cpp-httplib).
+# The base is built with this tree's build settings; AB_TIMEOUT (s, default 150) bounds each bench.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+mode=${1:-}
+shift || true
+
+if [ "$mode" = prepare ]; then
+    rev=${1:-HEAD}
+    sha=$(git rev-parse --verify "$rev^{commit}") || exit 1
+    rm -rf .cache/ab-base && mkdir -p .cache/ab-base
+    git archive "$sha" | tar -x -C .cache/ab-base || exit 1
+    echo "$sha" >.cache/ab-base/.ab-revision
+    echo "ab-bench: .cache/ab-base holds $(git log -1 --format='%h %s' "$sha")"
+    exit 0
+fi
+if [ "$mode" != run ]; then
+    echo "usage: scripts/ab-bench.sh prepare [REV] | run [ROUNDS] [bench arguments…]" >&2
+    exit 2
+fi
+[ -f .cache/ab-base/.ab-revision ] || {
+    echo "ab-bench: no .cache/ab-base (run 'scripts/ab-bench.sh prepare REV' here and carry it)" >&2
+    exit 1
+}
+rounds=2
+if [[ ${1:-} =~ ^[0-9]+$ ]]; then
+    rounds=$1
+    shift
+fi
+args=("$@")
+# shellcheck disable=SC2054  # commas inside bench arguments
+[ ${#args[@]} -gt 0 ] || args=(--preset flash-slice --lengths 8k,64k --cp 1 --tbo off
+    --weights bf16,fp8 --repeat 3)
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+if [ -d .cache/gpu-deps/usr ]; then  # as scripts/gpu-check.sh: packages the GPU machine lacks
+    deps=$PWD/.cache/gpu-deps/usr
+    export CMAKE_PREFIX_PATH=$deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export PKG_CONFIG_PATH=$deps/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export CPATH=$deps/include:$deps/include/x86_64-linux-gnu${CPATH:+:$CPATH}
+fi
+export PATH=/usr/local/cuda/bin:$PATH
+cuda_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+log=$out/ab-build.log
+: >"$log"
+build() {  # build <source dir> <build dir>
+    cmake -S "$1" -B "$2" "${cuda_flags[@]}" >>"$log" 2>&1 &&
+        cmake --build "$2" -j "$(nproc)" --target cpfill >>"$log" 2>&1
+}
+rm -rf /tmp/ab-base && cp -r .cache/ab-base /tmp/ab-base
+base_rev=$(cut -c1-10 /tmp/ab-base/.ab-revision)
+if ! build /tmp/ab-base /tmp/ab-base/build || ! build . build-gpu; then
+    echo "ab-bench: a build failed (the end of $log):" >&2
+    tail -20 "$log" >&2
+    exit 1
+fi
+runs=$(mktemp -d)
+table=$out/ab.md
+{
+    echo "# ab-bench: base $base_rev against this tree, $rounds rounds"
+    echo
+    echo "cpfill bench ${args[*]}"
+    echo
+} >"$table"
+status=0
+for ((r = 1; r <= rounds; ++r)); do
+    for side in base this; do
+        bin=build-gpu/cpfill
+        [ $side = base ] && bin=/tmp/ab-base/build/cpfill
+        f=$runs/$side-$r.md
+        timeout "${AB_TIMEOUT:-150}" "$bin" bench "${args[@]}" >"$f" 2>&1 || status=1
+        # The bench's tables, each row prefixed by the run that gave it.
+        grep '^| ' "$f" | grep -v -- '---' | sed "s/^/| $side $r /" >>"$table"
+    done
+done
+tar czf "$out/ab-benches.tgz" -C "$runs" . && rm -rf "$runs"
+echo "ab-bench: $table ($rounds rounds, status $status)"
+exit $status
