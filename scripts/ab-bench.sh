@@ -84,7 +84,10 @@ for ((r = 1; r <= rounds; ++r)); do
         bin=build-gpu/cpfill
         [ $side = base ] && bin=/tmp/ab-base/build/cpfill
         f=$runs/$side-$r.md
-        timeout "${AB_TIMEOUT:-150}" "$bin" bench "${args[@]}" >"$f" 2>&1 || status=1
+        if ! timeout "${AB_TIMEOUT:-150}" "$bin" bench "${args[@]}" >"$f" 2>&1; then
+            status=1
+            echo "$side $r failed: $(grep -m1 -E 'error|Terminated' "$f" || tail -1 "$f")" >>"$table"
+        fi
         # The bench's tables, each row prefixed by the run that gave it.
         grep '^| ' "$f" | grep -v -- '---' | sed "s/^/| $side $r /" >>"$table"
     done
