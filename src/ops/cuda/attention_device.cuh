@@ -102,6 +102,16 @@ __device__ __forceinline__ LaneRope lane_rope(int lane, int rope_dim, const floa
     return r;
 }
 
+// Two floats rounded to bf16 (low, high) as one 32-bit word, and back.
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
 // Per-head RMSNorm (no weight, when norm) and RoPE of kRows head rows of a warp, fp32, one
 // rounding to bf16. v[j] holds lane l's 16 channels of row j as bf16 pairs: pairs 0–3 channels
 // 8l …, pairs 4–7 channels 256 + 8l …; rotate(k, a, b) turns pair k, normalised, by its angle (or
@@ -110,16 +120,13 @@ __device__ __forceinline__ LaneRope lane_rope(int lane, int rope_dim, const floa
 template <int kRows, class Rotate>
 __device__ __forceinline__ void norm_rope_rows(uint32_t (&v)[kRows][8], bool norm, float eps,
                                                const Rotate& rotate) {
-    const auto unpack = [](uint32_t u) {
-        return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
-    };
     float ss[kRows];
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
         ss[j] = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const float2 f = unpack(v[j][k]);
+            const float2 f = unpack_bf16x2(v[j][k]);
             ss[j] += f.x * f.x + f.y * f.y;
         }
     }
@@ -133,11 +140,10 @@ __device__ __forceinline__ void norm_rope_rows(uint32_t (&v)[kRows][8], bool nor
         const float f = norm ? rsqrtf(ss[j] / kHeadDim + eps) : 1.0f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const float2 x = unpack(v[j][k]);
+            const float2 x = unpack_bf16x2(v[j][k]);
             float a = x.x * f, b = x.y * f;
             rotate(k, a, b);
-            const __nv_bfloat162 r = __floats2bfloat162_rn(a, b);
-            v[j][k] = *reinterpret_cast<const uint32_t*>(&r);
+            v[j][k] = bf16x2(a, b);
         }
     }
 }

@@ -112,15 +112,6 @@ __device__ __forceinline__ void reg_fence_all(float (&v)[N]) {
     for (int i = 0; i < N; ++i) reg_fence(v[i]);
 }
 
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
-
 // The prologue of an item: Q's per-head RMSNorm (when norm) and RoPE in place, by
 // attention_device::norm_rope_rows as attention_tc does it (the same values; the first half's
 // channels, never rotated, skip the rotation by (1, 0)). Warp w takes rows w, w + 8, …, all 64
