@@ -47,20 +47,12 @@ args=("$@")
     --weights bf16,fp8 --repeat 3)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
-if [ -d .cache/gpu-deps/usr ]; then  # as scripts/gpu-check.sh: packages the GPU machine lacks
-    deps=$PWD/.cache/gpu-deps/usr
-    export CMAKE_PREFIX_PATH=$deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-    export PKG_CONFIG_PATH=$deps/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-    export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export CPATH=$deps/include:$deps/include/x86_64-linux-gnu${CPATH:+:$CPATH}
-fi
-export PATH=/usr/local/cuda/bin:$PATH
-cuda_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh  # as scripts/gpu-check.sh: the carried packages, nvcc, gpu_cmake_flags
 log=$out/ab-build.log
 : >"$log"
 build() {  # build <source dir> <build dir>
-    cmake -S "$1" -B "$2" "${cuda_flags[@]}" >>"$log" 2>&1 &&
+    cmake -S "$1" -B "$2" "${gpu_cmake_flags[@]}" >>"$log" 2>&1 &&
         cmake --build "$2" -j "$(nproc)" --target cpfill >>"$log" 2>&1
 }
 rm -rf /tmp/ab-base && cp -r .cache/ab-base /tmp/ab-base

@@ -40,16 +40,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0  # the lent machines forbid NVLink multicast
-# Packages the GPU machine lacks (scripts/fetch-gpu-deps.sh; carry [".cache/gpu-deps"]).
-if [ -d .cache/gpu-deps/usr ]; then
-    deps=$PWD/.cache/gpu-deps/usr
-    export CMAKE_PREFIX_PATH=$deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-    export PKG_CONFIG_PATH=$deps/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-    export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export CPATH=$deps/include:$deps/include/x86_64-linux-gnu${CPATH:+:$CPATH}
-fi
-export PATH=/usr/local/cuda/bin:$PATH
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh  # the carried packages, nvcc, NCCL settings, gpu_cmake_flags
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     nvidia-smi topo -m
@@ -90,8 +82,7 @@ if [ "${GPU_CHECK_ATTENTION:-0}" = 1 ]; then
 fi
 t0=$(date +%s)
 built=0
-if cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
+if cmake -S . -B build-gpu "${gpu_cmake_flags[@]}" >"$out/configure.log" 2>&1; then
     timeout "$(cap 100000)" cmake --build build-gpu -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1 &&
         built=1
 fi
