@@ -13,32 +13,17 @@ cd "$(dirname "$0")/.."
 out=${OUT:-indexer-out}
 build=${BUILD:-/tmp/indexer-build}
 mkdir -p "$out" "$build"
-export PATH=/usr/local/cuda/bin:$PATH
-{
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
-    nvcc --version | tail -2
-} >"$out/machine.txt" 2>&1
-
-blas_inc=/usr/include/$(gcc -dumpmachine)
-cxx_flags=(-std=c++20 -O2 -Wall -Wextra -Isrc -Itests/cuda -I/usr/local/cuda/include
-           "-I$blas_inc" -DCPFILL_HAVE_CUDA=1)
-cu_flags=(-std=c++17 -O3 "-gencode=arch=compute_90a,code=sm_90a" -Xcompiler=-Wall -Xptxas=-v -Isrc
-          -DCPFILL_HAVE_CUDA=1)
+# shellcheck source=scripts/partial-build.sh
+. scripts/partial-build.sh  # cxx_flags, cu_flags, compile, partial_build_machine, clock_summary
+partial_build_machine "$out/machine.txt"
 cpp_srcs=(src/core/dtype.cpp src/core/error.cpp src/core/parallel.cpp src/ops/cpu/linear.cpp
           src/ops/cpu/indexer.cpp tests/cuda/test_indexer_cuda.cpp)
-cu_srcs=(src/runtime/cuda/buffer.cu src/runtime/cuda/device.cu)
+cu_srcs=(src/runtime/cuda/buffer.cu src/runtime/cuda/device.cu src/runtime/cuda/sm90.cu
+         src/ops/cuda/indexer_hopper.cu src/ops/cuda/tensor_map.cu)
 
-# Compile in parallel (at most $JOBS at once), one log per file; the test file and the indexer
-# (ours) also with -Werror. A compile that succeeds leaves <object>.ok.
-max_jobs=${JOBS:-$(nproc)}
+# Compile in parallel (compile, scripts/partial-build.sh), one log per file; the test file and
+# the indexer (ours) also with -Werror.
 objs=()
-compile() {  # compile <object> <command…>
-    local o=$1
-    shift
-    rm -f "$o.ok"
-    { "$@" >"$o.log" 2>&1 && touch "$o.ok"; } &
-    while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
-}
 for f in "${cpp_srcs[@]}"; do
     o=$build/$(basename "$f").o
     objs+=("$o")
@@ -93,9 +78,7 @@ if [ -n "$base" ]; then
     timing "$build/test_indexer_base" "$out/timing-base.log"
 fi
 kill "$smi" 2>/dev/null || true
-awk -F', ' '$2 + 0 > 300 { c += $1; n++; if ($1 + 0 < lo || !lo) lo = $1 + 0; if ($2 + 0 > p) p = $2 + 0 }
-    END { if (n) printf "busy samples: %d, SM clock mean %.0f (min %d) MHz, max power %.0f W\n",
-                         n, c / n, lo, p }' "$out/clocks.log" || true
+clock_summary "$out/clocks.log"
 
 # Last, as it may not work on every machine: bad accesses and shared-memory races on small cases,
 # skipped when the script has run 120 s already.
