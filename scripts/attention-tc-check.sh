@@ -23,21 +23,10 @@ cu_srcs=(src/ops/cuda/attention.cu src/ops/cuda/attention_tc.cu src/ops/cuda/att
          src/ops/cuda/norm.cu src/ops/cuda/rope.cu src/runtime/cuda/buffer.cu
          src/runtime/cuda/device.cu src/runtime/cuda/sm90.cu)
 
-# Compile in parallel (compile, scripts/partial-build.sh), one log per file; the test file (ours)
-# also with -Werror.
+# Compile in parallel (compile_sources, scripts/partial-build.sh), one log per file; the test file
+# (ours) also with -Werror.
 objs=()
-for f in "${cpp_srcs[@]}"; do
-    o=$build/$(basename "$f").o
-    objs+=("$o")
-    extra=()
-    [[ $f == tests/* ]] && extra=(-Werror)
-    compile "$o" g++ "${cxx_flags[@]}" "${extra[@]}" -c "$f" -o "$o"
-done
-for f in "${cu_srcs[@]}"; do
-    o=$build/$(basename "$f").o
-    objs+=("$o")
-    compile "$o" nvcc "${cu_flags[@]}" -c "$f" -o "$o"
-done
+compile_sources
 wait
 cat "$build"/*.o.log >"$out/build.log"
 for o in "${objs[@]}"; do

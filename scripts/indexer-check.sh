@@ -21,21 +21,10 @@ cpp_srcs=(src/core/dtype.cpp src/core/error.cpp src/core/parallel.cpp src/ops/cp
 cu_srcs=(src/runtime/cuda/buffer.cu src/runtime/cuda/device.cu src/runtime/cuda/sm90.cu
          src/ops/cuda/indexer_hopper.cu src/ops/cuda/tensor_map.cu)
 
-# Compile in parallel (compile, scripts/partial-build.sh), one log per file; the test file and
-# the indexer (ours) also with -Werror.
+# Compile in parallel (compile_sources, scripts/partial-build.sh), one log per file; the test file
+# and the indexer (ours) also with -Werror.
 objs=()
-for f in "${cpp_srcs[@]}"; do
-    o=$build/$(basename "$f").o
-    objs+=("$o")
-    extra=()
-    [[ $f == tests/* ]] && extra=(-Werror)
-    compile "$o" g++ "${cxx_flags[@]}" "${extra[@]}" -c "$f" -o "$o"
-done
-for f in "${cu_srcs[@]}"; do
-    o=$build/$(basename "$f").o
-    objs+=("$o")
-    compile "$o" nvcc "${cu_flags[@]}" -c "$f" -o "$o"
-done
+compile_sources
 compile "$build/indexer.o" nvcc "${cu_flags[@]}" -Werror=all-warnings -c src/ops/cuda/indexer.cu \
     -o "$build/indexer.o"
 base=${BASELINE:-}

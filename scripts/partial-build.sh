@@ -7,6 +7,9 @@
 #   cxx_flags, cu_flags          g++ (C++20) and nvcc (sm_90a, ptxas -v) flags, CPFILL_HAVE_CUDA
 #   compile OBJECT COMMAND…      runs COMMAND in the background (at most $JOBS at once, default
 #                                all cores), its output in OBJECT.log; success leaves OBJECT.ok
+#   compile_sources              compile of every file of the caller's cpp_srcs (g++; tests/* also
+#                                with -Werror) and cu_srcs (nvcc) into $build/NAME.o, each object
+#                                appended to the caller's objs
 #   clock_summary FILE           one line from `nvidia-smi --query-gpu=clocks.sm,power.draw -lms`
 #                                samples: mean and lowest SM clock and highest power while busy
 export PATH=/usr/local/cuda/bin:$PATH
@@ -33,8 +36,29 @@ compile() {  # compile <object> <command…>
     while (($(jobs -rp | wc -l) >= ${JOBS:-$(nproc)})); do wait -n || true; done
 }
 
+# shellcheck disable=SC2154  # build, cpp_srcs, cu_srcs and objs are the caller's
+compile_sources() {
+    local f o extra
+    for f in "${cpp_srcs[@]}"; do
+        o=$build/$(basename "$f").o
+        objs+=("$o")
+        extra=()
+        [[ $f == tests/* ]] && extra=(-Werror)
+        compile "$o" g++ "${cxx_flags[@]}" "${extra[@]}" -c "$f" -o "$o"
+    done
+    for f in "${cu_srcs[@]}"; do
+        o=$build/$(basename "$f").o
+        objs+=("$o")
+        compile "$o" nvcc "${cu_flags[@]}" -c "$f" -o "$o"
+    done
+}
+
 clock_summary() {  # samples above 300 W count as busy
-    awk -F', ' '$2 + 0 > 300 { c += $1; n++; if ($1 + 0 < lo || !lo) lo = $1 + 0; if ($2 + 0 > p) p = $2 + 0 }
+    awk -F', ' '$2 + 0 > 300 {
+            c += $1; n++
+            if ($1 + 0 < lo || !lo) lo = $1 + 0
+            if ($2 + 0 > p) p = $2 + 0
+        }
         END { if (n) printf "busy samples: %d, SM clock mean %.0f (min %d) MHz, max power %.0f W\n",
                              n, c / n, lo, p }' "$1" || true
 }
