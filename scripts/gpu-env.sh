@@ -15,3 +15,10 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 # shellcheck disable=SC2034  # used by the scripts that source this one
 gpu_cmake_flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCPFILL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+
+# The Nsight Compute binary (on PATH, or where the toolkit or the standalone installer put it), or
+# nothing: scripts test for an empty answer and say there is no ncu.
+gpu_ncu() {
+    command -v ncu || find /usr/local/cuda/bin /opt/nvidia/nsight-compute -maxdepth 2 -name ncu \
+        -type f 2>/dev/null | head -n 1 || true  # none found is an answer, not a failure (set -e)
+}

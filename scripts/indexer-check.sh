@@ -89,7 +89,7 @@ fi
 # script has run less than 170 s (the clocks left alone).
 profile=${PROFILE:-auto}
 [ "$profile" = auto ] && { ((SECONDS < 170)) && profile=1 || profile=0; }
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+ncu=$(gpu_ncu)
 echo "${SECONDS}s so far; profile: $profile (${ncu:-no ncu})"
 if [ "$profile" = 1 ] && [ -n "$ncu" ]; then
     timeout 60 "$ncu" --clock-control none --kernel-name regex:'score_kernel|topk_kernel' \

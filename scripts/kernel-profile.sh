@@ -7,14 +7,16 @@
 # Default: build-gpu, --preset flash-slice --lengths 64k --cp 1 --tbo off --weights bf16.
 # Writes $OUT/profile-<tag>.txt (or ./gpu-out); PROFILE_TAG names it (default: bench).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 shift || true
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--preset flash-slice --lengths 64k --cp 1 --tbo off --weights bf16)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh  # gpu_ncu
+ncu=$(gpu_ncu)
 if [ -z "$ncu" ]; then
     echo "kernel-profile: no ncu (Nsight Compute) on this machine" >&2
     exit 1

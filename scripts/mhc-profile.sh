@@ -9,11 +9,13 @@
 #   scripts/mhc-profile.sh [build-dir]     (default build-gpu)
 # Writes $OUT/mhc-profile.txt (or ./gpu-out): 8 launches (each kernel twice: warm-up and timed).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh  # gpu_ncu
+ncu=$(gpu_ncu)
 if [ -z "$ncu" ]; then
     echo "mhc-profile: no ncu (Nsight Compute) on this machine" >&2
     exit 1

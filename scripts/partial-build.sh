@@ -12,7 +12,8 @@
 #                                appended to the caller's objs
 #   clock_summary FILE           one line from `nvidia-smi --query-gpu=clocks.sm,power.draw -lms`
 #                                samples: mean and lowest SM clock and highest power while busy
-export PATH=/usr/local/cuda/bin:$PATH
+# shellcheck source=scripts/gpu-env.sh
+. scripts/gpu-env.sh  # nvcc on PATH, gpu_ncu
 
 partial_build_machine() {
     {
