@@ -1,9 +1,9 @@
 # shellcheck shell=bash
-# Sourced by the scripts that build and run on the GPU machine (scripts/gpu-check.sh,
-# scripts/ab-bench.sh), from the repository root: the packages that machine lacks
-# (scripts/fetch-gpu-deps.sh; carry [".cache/gpu-deps"]) on the search paths, nvcc on PATH, NVLink
-# multicast off (the lent machines forbid it), and the CMake settings of a GPU build
-# (gpu_cmake_flags: Release, sm_90a).
+# Sourced by the scripts that build and run on the GPU machine (gpu-check.sh, ab-bench.sh,
+# partial-build.sh, kernel-profile.sh, mhc-profile.sh, ncu-kernel.sh), from the repository root:
+# the packages that machine lacks (scripts/fetch-gpu-deps.sh; carry [".cache/gpu-deps"]) on the
+# search paths, nvcc on PATH, NVLink multicast off (the lent machines forbid it), the CMake
+# settings of a GPU build (gpu_cmake_flags: Release, sm_90a) and gpu_ncu (Nsight Compute's path).
 export NCCL_NVLS_ENABLE=0
 if [ -d .cache/gpu-deps/usr ]; then
     deps=$PWD/.cache/gpu-deps/usr

@@ -28,7 +28,9 @@ fi
 out=${OUT:-gpu-out}
 tag=${NCU_TAG:-kernel}
 mkdir -p "$out"
-rep=$(mktemp -d)/profile
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT  # the report and its CSV, on every way out
+rep=$tmp/profile
 "$ncu" --set full --import-source no --kernel-name-base mangled --kernel-name "regex:$regex" \
     --launch-skip "${NCU_SKIP:-0}" --launch-count 1 -o "$rep" "$@" >"$out/ncu-$tag.log" 2>&1
 rc=$?
@@ -70,6 +72,5 @@ for r in sorted(body, key=lambda r: -num(r[total]))[:40]:
     why = ", ".join(f"{name} {v:.0f}" for v, name in top if v > 0)
     print(f"{100 * num(r[total]) / all_samples:5.1f}%  {r[src].strip()[:70]:70}  {why}")
 PY
-rm -rf "$(dirname "$rep")"
 head -n 45 "$out/ncu-$tag-stalls.txt"
 exit 0
