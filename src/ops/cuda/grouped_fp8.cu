@@ -195,6 +195,62 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
     bulk_commit();
 }
 
+// The main loop of one tall bf16 tile (grouped_gemm_bf16 with kTall: no scales, so every
+// k-block's products go straight into the accumulators, and the MMAs of a k-block run on while the
+// next stage is awaited; a stage is freed once the MMAs after it have been issued and its own have
+// completed, wait_group 1). kParts of the consumer's two 64 × 128 parts are multiplied (per k16
+// step one MMA per part, B read by both): 0 (no rows of the expert here: each stage is freed once
+// it is full), 1 or 2. The case is a template parameter, chosen once per tile, so that no wgmma is
+// issued on a path ptxas sees as divergent: with the parts tested inside the k-loop (before
+// session 41) ptxas serialised every wgmma (its warning C7520, "wgmma.mma_async instructions are
+// serialized due to ... compiler-inserted WG.AR in divergent path": a wait after each MMA), and
+// the tall tiles ran 8–15% slower at 192 rows per expert (docs/performance-notes.md, session 41).
+// a0 / a1: the byte offset of each part's first row in a stage's A tile.
+template <int kStages, int kParts>
+__device__ __forceinline__ void tall_bf16_mainloop(Smem<kStages, true>& s, float (&acc)[2][64],
+                                                   int n_kb, int& it, int lane, uint32_t a0,
+                                                   uint32_t a1) {
+    for (int kb = 0; kb < n_kb; ++kb, ++it) {
+        const int st = it % kStages;
+        mbar_wait(&s.full[st], (it / kStages) & 1);
+        if constexpr (kParts == 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&s.empty[st]);
+        } else {
+            const uint32_t sa = smem_u32(s.a[st]), sbm = smem_u32(s.b[st]);
+#pragma unroll
+            for (int j = 0; j < 64; ++j) {
+                reg_fence(acc[0][j]);
+                reg_fence(acc[1][j]);
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < kBK / 32; ++k) {
+                const uint64_t b = wgmma_desc_sw128(sbm + k * 32);
+                wgmma_m64n128k16_bf16(acc[0], wgmma_desc_sw128(sa + a0 + k * 32), b, 1);
+                if constexpr (kParts == 2)
+                    wgmma_m64n128k16_bf16(acc[1], wgmma_desc_sw128(sa + a1 + k * 32), b, 1);
+            }
+            wgmma_commit();
+            if (kb > 0) {
+                wgmma_wait<1>();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
+            }
+        }
+    }
+    if constexpr (kParts > 0) {
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 64; ++j) {
+            reg_fence(acc[0][j]);
+            reg_fence(acc[1][j]);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
+    }
+}
+
 // kBf16: bf16 operands (grouped_gemm_bf16), a k-block is 64 values; else e4m3 with scales.
 // kTall (bf16 only): 256 × 128 tiles (TileShape).
 template <Epilogue kEpi, bool kBf16, bool kTall = false>
@@ -266,10 +322,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         float acc[2][64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[0][j] = acc[1][j] = 0.0f;
-        if constexpr (kBf16) {
-            // No scales: every k-block's products go straight into the accumulators, and the
-            // MMAs of a k-block run on while the next stage is awaited; a stage is freed once the
-            // MMAs after it have been issued and its own have completed (wait_group 1).
+        if constexpr (kBf16 && kTall) {
+            const uint32_t a0 = part_row(0) * kBK, a1 = part_row(1) * kBK;
+            if (active && second)
+                tall_bf16_mainloop<kStages, 2>(s, acc, n_kb, it, lane, a0, a1);
+            else if (active)
+                tall_bf16_mainloop<kStages, 1>(s, acc, n_kb, it, lane, a0, a1);
+            else
+                tall_bf16_mainloop<kStages, 0>(s, acc, n_kb, it, lane, a0, a1);
+        } else if constexpr (kBf16) {
+            // Wide bf16 tiles, the same pipeline with the MMAs' case tested inside the k-loop.
+            // ptxas serialises these wgmmas (warning C7520, as it did the tall ones), and here
+            // that is measured faster: the case hoisted as in tall_bf16_mainloop (no warning, the
+            // MMAs pipelined) ran 1.5–1.9× slower at 1,536 rows per expert, the same at 192
+            // (docs/performance-notes.md, session 41; not understood).
             for (int kb = 0; kb < n_kb; ++kb, ++it) {
                 const int st = it % kStages;
                 mbar_wait(&s.full[st], (it / kStages) & 1);
@@ -280,18 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     reg_fence(acc[1][j]);
                 }
                 wgmma_fence();
-                if constexpr (kTall) {  // per k16 step a 64 × 128 MMA per part, B read by both
-                    const uint32_t sa1 = smem_u32(s.a[st]) + part_row(1) * kBK;
-#pragma unroll
-                    for (int k = 0; k < kBK / 32; ++k) {
-                        if (active)
-                            wgmma_m64n128k16_bf16(acc[0], wgmma_desc_sw128(sa + k * 32),
-                                                  wgmma_desc_sw128(sbm + k * 32), 1);
-                        if (second)
-                            wgmma_m64n128k16_bf16(acc[1], wgmma_desc_sw128(sa1 + k * 32),
-                                                  wgmma_desc_sw128(sbm + k * 32), 1);
-                    }
-                } else if (!active) {
+                if (!active) {
                     // no rows of the expert here: nothing to multiply
                 } else if (second) {  // both halves in one MMA per k16 step: A read once
                     float(&both)[128] = reinterpret_cast<float(&)[128]>(acc);
