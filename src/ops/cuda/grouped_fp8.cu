@@ -195,6 +195,21 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[2][64], bool s
     bulk_commit();
 }
 
+// The end of a bf16 tile's main loop: its MMAs complete, the accumulators fenced against them,
+// and the stage of its last k-block freed (the others were freed in the loop, one k-block late).
+template <int kStages, bool kTall>
+__device__ __forceinline__ void finish_bf16_tile(Smem<kStages, kTall>& s, float (&acc)[2][64],
+                                                 int it, int lane) {
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+        reg_fence(acc[0][j]);
+        reg_fence(acc[1][j]);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
+}
+
 // The main loop of one tall bf16 tile (grouped_gemm_bf16 with kTall: no scales, so every
 // k-block's products go straight into the accumulators, and the MMAs of a k-block run on while the
 // next stage is awaited; a stage is freed once the MMAs after it have been issued and its own have
@@ -239,16 +254,7 @@ __device__ __forceinline__ void tall_bf16_mainloop(Smem<kStages, true>& s, float
             }
         }
     }
-    if constexpr (kParts > 0) {
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 64; ++j) {
-            reg_fence(acc[0][j]);
-            reg_fence(acc[1][j]);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
-    }
+    if constexpr (kParts > 0) finish_bf16_tile(s, acc, it, lane);
 }
 
 // kBf16: bf16 operands (grouped_gemm_bf16), a k-block is 64 values; else e4m3 with scales.
@@ -367,14 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
                 }
             }
-            wgmma_wait<0>();
-#pragma unroll
-            for (int j = 0; j < 64; ++j) {
-                reg_fence(acc[0][j]);
-                reg_fence(acc[1][j]);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&s.empty[(it - 1) % kStages]);
+            finish_bf16_tile(s, acc, it, lane);
         } else {
             const float* xs = a.xs + int64_t{p0} * n_kb;
             const float* ws =
