@@ -219,7 +219,7 @@ __device__ __forceinline__ void finish_bf16_tile(Smem<kStages, kTall>& s, float 
 // issued on a path ptxas sees as divergent: with the parts tested inside the k-loop (before
 // session 41) ptxas serialised every wgmma (its warning C7520, "wgmma.mma_async instructions are
 // serialized due to ... compiler-inserted WG.AR in divergent path": a wait after each MMA), and
-// the tall tiles ran 8–15% slower at 192 rows per expert (docs/performance-notes.md, session 41).
+// the tall tiles ran 10–13% slower at 192 rows per expert (docs/performance-notes.md, session 41).
 // a0 / a1: the byte offset of each part's first row in a stage's A tile.
 template <int kStages, int kParts>
 __device__ __forceinline__ void tall_bf16_mainloop(Smem<kStages, true>& s, float (&acc)[2][64],
