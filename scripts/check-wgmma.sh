@@ -28,7 +28,8 @@ checked=0
 for src in $(git ls-files 'src/*.cu'); do
     grep -q 'wgmma' "$src" || continue
     # The entry's "command" line is the one before its "file" line (CMake writes them so).
-    cmd=$(grep -B1 "\"file\": \"$PWD/$src\"" "$db" | sed -n 's/^ *"command": "\(.*\)",$/\1/p')
+    cmd=$(grep -B1 "\"file\": \"$PWD/$src\"" "$db" | sed -n 's/^ *"command": "\(.*\)",$/\1/p' ||
+        true)  # not found: an empty answer, not the end of the script (set -e, pipefail)
     if [ -z "$cmd" ]; then
         echo "check-wgmma: $src is not compiled by $build (built without CUDA): skipped" >&2
         continue
