@@ -106,12 +106,6 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-template <int N>
-__device__ __forceinline__ void reg_fence_all(float (&v)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) reg_fence(v[i]);
-}
-
 // The prologue of an item: Q's per-head RMSNorm (when norm) and RoPE in place, by
 // attention_device::norm_rope_rows as attention_tc does it (the same values; the first half's
 // channels, never rotated, skip the rotation by (1, 0)). Warp w takes rows w, w + 8, …, all 64

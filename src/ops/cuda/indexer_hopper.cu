@@ -101,8 +101,7 @@ __global__ void quantize_rows_kernel(const __nv_bfloat16* x, int dim, int heads_
 // b, each half kQRows rows further)ᵀ over kUsed halves of 128 bytes.
 template <bool kBf16, int kUsed>
 __device__ __forceinline__ void issue_pair(float (&d)[64], uint32_t a, uint32_t b) {
-#pragma unroll
-    for (int j = 0; j < 64; ++j) reg_fence(d[j]);
+    reg_fence_all(d);
     wgmma_fence();
 #pragma unroll
     for (int h = 0; h < kUsed; ++h) {
@@ -234,8 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 } else {
                     wgmma_wait<0>();
                 }
-#pragma unroll
-                for (int j = 0; j < 64; ++j) reg_fence(d[p & 1][j]);
+                reg_fence_all(d[p & 1]);
                 score_pair<kBf16>(d[p & 1], s, p, c, key0, key1, ks0, ks1, out0, n_entries);
             }
         }

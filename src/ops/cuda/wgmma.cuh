@@ -177,6 +177,22 @@ __device__ __forceinline__ void wgmma_wait() {
 // Keeps the compiler from moving accesses of v across the asynchronous MMAs.
 __device__ __forceinline__ void reg_fence(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
+// reg_fence on every value of an accumulator array: one-dimensional, or [parts][values] taken
+// value by value across the parts (the order the grouped kernel's loops had, kept so that its code
+// did not change).
+template <int N>
+__device__ __forceinline__ void reg_fence_all(float (&v)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) reg_fence(v[i]);
+}
+template <int P, int N>
+__device__ __forceinline__ void reg_fence_all(float (&v)[P][N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int p = 0; p < P; ++p) reg_fence(v[p][i]);
+}
+
 // d[64×128] (+)= a[64×32] · b[128×32]ᵀ, e4m3 from shared memory, fp32 accumulators in the wgmma
 // fragment layout (thread t of the warpgroup: rows 16·(t/32) + (t%32)/4 (+8), columns
 // 8·i + 2·(t%4) (+1) of d[4i..4i+3]). accumulate = 0 overwrites d.
