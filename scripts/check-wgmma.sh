@@ -5,8 +5,9 @@
 # build passes: the bf16 expert kernels ran so, unseen, from session 28 to 41
 # (docs/performance-notes.md, session 41). Every such info counts, whatever its number: C7520 (a
 # wait the compiler put on a path it sees as divergent), C7514 (registers of a group in flight
-# read by other instructions, or so ptxas could not rule out: session 43). Every CUDA source under src/ that issues wgmma is compiled again with the build's own
-# command (BUILD_DIR/compile_commands.json) plus -Xptxas -v, into a temporary object.
+# read by other instructions, or so ptxas could not rule out: session 43). Every CUDA source
+# under src/ that issues wgmma is compiled again with the build's own command
+# (BUILD_DIR/compile_commands.json) plus -Xptxas -v, into a temporary object.
 #   scripts/check-wgmma.sh [build-dir]     (default build; a build without CUDA: nothing to check)
 # `accepted` lists the kernels (a pattern of the mangled name) whose serialisation is measured to
 # be the faster choice, each with where that is written.
