@@ -165,6 +165,60 @@ TEST(GpuPrefill, MhcFusedEqualsApart) {
     }
 }
 
+// Without all_logits the head runs on each request's last row alone, and the last layer's
+// residual update with it (gpu_runner.cu, head_rows_apart): those logits against the last rows of
+// a run that computes every row's, TBO off and on, in one pass and in chunks, at CP = 1 (and 2
+// where two GPUs are visible). The same kernels on the same rows: equal but for the head GEMM,
+// which may sum a row in another order for another row count. A wrong row, or one without the
+// last MoE's update, is off by O(1).
+TEST(GpuPrefill, LastRowsAloneEqualEveryRowsLast) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const int gpus = cuda_device_count(nullptr);
+    for (const std::string& dir : golden_fixtures()) {
+        for (int C : {1, 2}) {
+            if (C > gpus) break;
+            Fixture f = load_fixture(dir, C);
+            int64_t tokens = 0;
+            for (const auto& r : f.requests) tokens += static_cast<int64_t>(r.size());
+            // The path under test needs ≤ 1 wanted row per 16 local rows.
+            ASSERT_LE(16 * C * static_cast<int64_t>(f.requests.size()), tokens) << dir;
+            GpuGroupOptions go;
+            go.cp = C;
+            GpuGroup g(go);
+            upload(g, f);
+            for (TboMode tbo : {TboMode::Off, TboMode::On})
+                for (int64_t chunk : {int64_t{0}, int64_t{64}}) {
+                    const std::string what = fmt::format("{} CP={} TBO {} chunk {}", dir, C,
+                                                         tbo == TboMode::On ? "on" : "off", chunk);
+                    GpuRunOptions o;
+                    o.tbo = tbo;
+                    o.chunk = chunk;
+                    o.all_logits = true;
+                    const PrefillOutput every = g.run(f.requests, o);
+                    o.all_logits = false;
+                    const PrefillOutput last = g.run(f.requests, o);
+                    ASSERT_EQ(last.logits.size(), every.logits.size()) << what;
+                    for (size_t r = 0; r < last.logits.size(); ++r) {
+                        const int64_t V = last.logits[r].numel();
+                        const int64_t len = every.logits[r].numel() / V;
+                        const float* a = last.logits[r].f32();
+                        const float* b = every.logits[r].f32() + (len - 1) * V;
+                        double worst = 0, ref = 0;
+                        for (int64_t v = 0; v < V; ++v) {
+                            worst = std::max(worst, std::abs(double(a[v]) - double(b[v])));
+                            ref = std::max(ref, std::abs(double(b[v])));
+                        }
+                        std::printf(
+                            "[ compare ] %s request %zu: last row max |diff| %.3g of %.3g\n",
+                            what.c_str(), r, worst, ref);
+                        EXPECT_LE(worst, 1e-3 * ref) << what << " request " << r;
+                        EXPECT_EQ(argmax(a, V), argmax(b, V)) << what << " request " << r;
+                    }
+                }
+        }
+    }
+}
+
 // The warm-up's expert GEMM plans (GpuGroup::prepare_expert_plans) on bf16 experts: `cpfill run
 // --device cuda` on a bf16 / f32 checkpoint failed there once ("fp8_blocks: not an fp8 storage").
 TEST(GpuPrefill, ExpertPlansForBf16Experts) {

@@ -130,6 +130,17 @@ class Runner final : public RankBackend {
     void layer_done(int s, int layer) override;
 
   private:
+    // The rows of sub-batch s whose logits the chunk returns, and where they go: (sub-batch row,
+    // request, row of its logits tensor).
+    struct Want {
+        int64_t row;
+        int request;
+        int64_t out_row;
+    };
+    std::vector<Want> wanted_rows(const SubState& s) const;
+    // Whether the head runs on this rank's wanted rows alone (head_rows_apart): then the last
+    // layer's residual update is left to head(), which applies it to those rows only.
+    bool head_rows_apart(const SubState& s) const;
     void setup();
     oc::MhcDeviceParams mhc_params(const GpuMhc& m) const {
         return {
@@ -324,6 +335,7 @@ void Runner::collapse(int si, int li, Site site) {
 
 void Runner::residual(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
+    if (site == Site::Ffn && li == cfg_.n_layers - 1 && head_rows_apart(s)) return;
     const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
     s.h.visit([&](auto* h) {
@@ -550,26 +562,7 @@ void Runner::download_kv() {
         }
 }
 
-void Runner::head(int si) {
-    SubState& s = ws_.subs[si];
-    const cudaStream_t st = dev_.compute;
-    const int64_t n = s.n, D = cfg_.d_model, V = cfg_.vocab_size;
-    const int C = dev_.cp, r = dev_.rank;
-    ctx_.phase(Phase::Other);
-    s.h.visit([&](auto* h) {
-        oc::mhc_head(W_.hc_head_fn.as<float>(), W_.hc_head_base.as<float>(),
-                     W_.hc_head_scale.as<float>(), cfg_.hc, D, float(cfg_.hc_eps),
-                     float(cfg_.norm_eps), h, n, ws_.z, st);
-    });
-    oc::rmsnorm(ws_.z, n, D, W_.norm.as<float>(), float(cfg_.norm_eps), ws_.z, st);
-    if (opt_.record_hidden)
-        record_rows(s, ws_.z, D, 2, out_ ? &out_->hidden.back() : nullptr, true);
-    // Wanted rows (sub-batch rows) and where their logits go: (request, row of its tensor).
-    struct Want {
-        int64_t row;
-        int request;
-        int64_t out_row;
-    };
+std::vector<Runner::Want> Runner::wanted_rows(const SubState& s) const {
     std::vector<Want> wants;
     for (const Segment& seg : s.batch->segments) {
         const int64_t len = static_cast<int64_t>((*plan_.requests)[seg.request].size());
@@ -580,15 +573,72 @@ void Runner::head(int si) {
             wants.push_back({seg.row0 + seg.len - 1, seg.request, 0});
         }
     }
+    return wants;
+}
+
+// The final residual update, the head's mHC collapse and the final RMSNorm over every local row
+// cost ≈ 6 ms at 64k tokens (one H100, session 33's profile: mhc_post 3.4 ms, the head's
+// collapse ≈ 4) where only each request's last row is wanted. When the wanted rows are few (at
+// most kHeadRowsApart and at most 1/16 of the local rows) and nothing records the residual, head()
+// runs the same kernels on each wanted row alone — per row the same operations in the same order,
+// so the logits are bit for bit those of the whole-chunk path (GpuPrefill.LastRowsAloneEqual…).
+bool Runner::head_rows_apart(const SubState& s) const {
+    constexpr int64_t kHeadRowsApart = 32;
+    if (opt_.all_logits || opt_.record_hidden) return false;
+    int64_t local = 0;
+    for (const Want& w : wanted_rows(s)) local += w.row % dev_.cp == dev_.rank;
+    return local <= kHeadRowsApart && local * 16 <= s.n;
+}
+
+void Runner::head(int si) {
+    SubState& s = ws_.subs[si];
+    const cudaStream_t st = dev_.compute;
+    const int64_t n = s.n, D = cfg_.d_model, V = cfg_.vocab_size, hc = cfg_.hc;
+    const int C = dev_.cp, r = dev_.rank;
+    ctx_.phase(Phase::Other);
+    const std::vector<Want> wants = wanted_rows(s);
     const int64_t nw = static_cast<int64_t>(wants.size());
+    const float* hc_fn = W_.hc_head_fn.as<float>();
+    const float* hc_base = W_.hc_head_base.as<float>();
+    const float* hc_scale = W_.hc_head_scale.as<float>();
+    // z_row[i]: the row of z that holds want i's final hidden row on this rank (−1: another
+    // rank's).
+    std::vector<int64_t> z_row(nw, -1);
+    if (head_rows_apart(s)) {
+        // Each wanted local row alone: the last layer's residual update (residual() left it)
+        // and the collapse, into z's rows 0, 1, …
+        const SiteIo io = site_io(s, W_.layers[cfg_.n_layers - 1], Site::Ffn);
+        int64_t k = 0;
+        for (int64_t i = 0; i < nw; ++i) {
+            const int64_t g = wants[i].row;
+            if (g % C != r) continue;
+            const int64_t j = g / C;
+            s.h.visit([&](auto* h) {
+                oc::mhc_post(io.post + j * hc, io.comb + j * hc * hc, io.block_out + j * D, cfg_.hc,
+                             D, 1, h + j * hc * D, st);
+                oc::mhc_head(hc_fn, hc_base, hc_scale, cfg_.hc, D, float(cfg_.hc_eps),
+                             float(cfg_.norm_eps), h + j * hc * D, 1, ws_.z + k * D, st);
+            });
+            z_row[i] = k++;
+        }
+        oc::rmsnorm(ws_.z, k, D, W_.norm.as<float>(), float(cfg_.norm_eps), ws_.z, st);
+    } else {
+        s.h.visit([&](auto* h) {
+            oc::mhc_head(hc_fn, hc_base, hc_scale, cfg_.hc, D, float(cfg_.hc_eps),
+                         float(cfg_.norm_eps), h, n, ws_.z, st);
+        });
+        oc::rmsnorm(ws_.z, n, D, W_.norm.as<float>(), float(cfg_.norm_eps), ws_.z, st);
+        if (opt_.record_hidden)
+            record_rows(s, ws_.z, D, 2, out_ ? &out_->hidden.back() : nullptr, true);
+        for (int64_t i = 0; i < nw; ++i)
+            if (wants[i].row % C == r) z_row[i] = wants[i].row / C;
+    }
     if (nw == 0) return;
     CPFILL_CUDA_CHECK(cudaMemsetAsync(ws_.zw, 0, nw * D * sizeof(bf16), st));
-    for (int64_t i = 0; i < nw; ++i) {
-        const int64_t g = wants[i].row;
-        if (g % C != r) continue;
-        CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.zw + i * D, ws_.z + (g / C) * D, D * sizeof(bf16),
-                                          cudaMemcpyDeviceToDevice, st));
-    }
+    for (int64_t i = 0; i < nw; ++i)
+        if (z_row[i] >= 0)
+            CPFILL_CUDA_CHECK(cudaMemcpyAsync(ws_.zw + i * D, ws_.z + z_row[i] * D,
+                                              D * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
     if (!opt_.no_comm && C > 1)
         dev_.cp_comm->all_reduce(ws_.zw, ws_.zw, nw * D, CommData::Bf16, st);
     if (r != 0) return;
