@@ -201,17 +201,16 @@ TEST(GpuPrefill, LastRowsAloneEqualEveryRowsLast) {
                     for (size_t r = 0; r < last.logits.size(); ++r) {
                         const int64_t V = last.logits[r].numel();
                         const int64_t len = every.logits[r].numel() / V;
-                        const float* a = last.logits[r].f32();
-                        const float* b = every.logits[r].f32() + (len - 1) * V;
-                        double worst = 0, ref = 0;
-                        for (int64_t v = 0; v < V; ++v) {
-                            worst = std::max(worst, std::abs(double(a[v]) - double(b[v])));
-                            ref = std::max(ref, std::abs(double(b[v])));
-                        }
+                        const Tensor want = testing::rows_of(every.logits[r], len - 1, 1);
+                        const testing::RowErrors e =
+                            testing::row_errors(last.logits[r], want, 1e-3);
                         std::printf(
                             "[ compare ] %s request %zu: last row max |diff| %.3g of %.3g\n",
-                            what.c_str(), r, worst, ref);
-                        EXPECT_LE(worst, 1e-3 * ref) << what << " request " << r;
+                            what.c_str(), r, e.worst, e.ref_max);
+                        EXPECT_TRUE(e.finite) << what << " request " << r;
+                        EXPECT_EQ(e.outliers, 0) << what << " request " << r;
+                        const float* a = last.logits[r].f32();
+                        const float* b = want.f32();
                         EXPECT_EQ(argmax(a, V), argmax(b, V)) << what << " request " << r;
                     }
                 }

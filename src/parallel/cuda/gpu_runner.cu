@@ -138,9 +138,9 @@ class Runner final : public RankBackend {
         int64_t out_row;
     };
     std::vector<Want> wanted_rows(const SubState& s) const;
-    // Whether the head runs on this rank's wanted rows alone (head_rows_apart): then the last
-    // layer's residual update is left to head(), which applies it to those rows only.
-    bool head_rows_apart(const SubState& s) const;
+    // Whether the head runs on this rank's wanted rows alone (wants: wanted_rows(s)): then the
+    // last layer's residual update is left to head(), which applies it to those rows only.
+    bool head_rows_apart(const SubState& s, const std::vector<Want>& wants) const;
     void setup();
     oc::MhcDeviceParams mhc_params(const GpuMhc& m) const {
         return {
@@ -335,7 +335,8 @@ void Runner::collapse(int si, int li, Site site) {
 
 void Runner::residual(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
-    if (site == Site::Ffn && li == cfg_.n_layers - 1 && head_rows_apart(s)) return;
+    if (site == Site::Ffn && li == cfg_.n_layers - 1 && head_rows_apart(s, wanted_rows(s)))
+        return;
     const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
     s.h.visit([&](auto* h) {
@@ -582,11 +583,11 @@ std::vector<Runner::Want> Runner::wanted_rows(const SubState& s) const {
 // most kHeadRowsApart and at most 1/16 of the local rows) and nothing records the residual, head()
 // runs the same kernels on each wanted row alone — per row the same operations in the same order,
 // so the logits are bit for bit those of the whole-chunk path (GpuPrefill.LastRowsAloneEqual…).
-bool Runner::head_rows_apart(const SubState& s) const {
+bool Runner::head_rows_apart(const SubState& s, const std::vector<Want>& wants) const {
     constexpr int64_t kHeadRowsApart = 32;
     if (opt_.all_logits || opt_.record_hidden) return false;
     int64_t local = 0;
-    for (const Want& w : wanted_rows(s)) local += w.row % dev_.cp == dev_.rank;
+    for (const Want& w : wants) local += w.row % dev_.cp == dev_.rank;
     return local <= kHeadRowsApart && local * 16 <= s.n;
 }
 
@@ -604,7 +605,7 @@ void Runner::head(int si) {
     // z_row[i]: the row of z that holds want i's final hidden row on this rank (−1: another
     // rank's).
     std::vector<int64_t> z_row(nw, -1);
-    if (head_rows_apart(s)) {
+    if (head_rows_apart(s, wants)) {
         // Each wanted local row alone: the last layer's residual update (residual() left it)
         // and the collapse, into z's rows 0, 1, …
         const SiteIo io = site_io(s, W_.layers[cfg_.n_layers - 1], Site::Ffn);
