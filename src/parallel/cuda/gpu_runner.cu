@@ -335,8 +335,7 @@ void Runner::collapse(int si, int li, Site site) {
 
 void Runner::residual(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
-    if (site == Site::Ffn && li == cfg_.n_layers - 1 && head_rows_apart(s, wanted_rows(s)))
-        return;
+    if (site == Site::Ffn && li == cfg_.n_layers - 1 && head_rows_apart(s, wanted_rows(s))) return;
     const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
     s.h.visit([&](auto* h) {
