@@ -301,6 +301,10 @@ struct FusedOptions {
     bool alias = false;   // post_out == post_in, comb_out == comb_in
     size_t offset = 0;    // elements h, o and y start into their buffers
     bool bf16_h = false;  // the residual in bf16 (b.h rounded to it on the way)
+    // mhc_pre_first instead (b.h: every stream a copy of stream 0, first_site_h): streams 1 … hc −
+    // 1 are NaN on the device, so what comes back is finite only if stream 0 alone was read; h must
+    // come back byte for byte.
+    bool first = false;
 };
 
 BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
@@ -308,7 +312,14 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     const size_t off = opt.offset;
     auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
     auto dpost_in = upload(b.post), dcomb_in = upload(b.comb), dw = upload(b.norm_w);
-    auto dh = opt.bf16_h ? upload_at(to_bf16(b.h), off) : upload_at(b.h, off);
+    std::vector<float> h_in = b.h;
+    if (opt.first)
+        for (int64_t r = 0; r < rows; ++r)
+            std::fill_n(h_in.begin() + (r * b.hc + 1) * D, (b.hc - 1) * D, std::nanf(""));
+    auto dh = opt.bf16_h ? upload_at(to_bf16(h_in), off) : upload_at(h_in, off);
+    std::vector<uint8_t> h_before(dh.bytes());
+    CPFILL_CUDA_CHECK(
+        cudaMemcpy(h_before.data(), dh.as<void>(), h_before.size(), cudaMemcpyDeviceToHost));
     auto dout = upload_at(to_bf16(b.o), off);
     auto dy = upload_at(std::vector<uint16_t>(rows * D), off);
     CPFILL_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.bytes()));  // NaN if not written
@@ -323,7 +334,14 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     float* post_out = opt.alias ? dpost_in.as<float>() : dpost.as<float>();
     float* comb_out = opt.alias ? dcomb_in.as<float>() : dcomb.as<float>();
     const float* norm_w = opt.norm ? dw.as<float>() : nullptr;
-    if (opt.bf16_h)
+    if (opt.first && opt.bf16_h)
+        ops::cuda::mhc_pre_first(p, norm_w, 1e-6f, rows, dh.as<__nv_bfloat16>() + off, post_out,
+                                 comb_out, dy.as<__nv_bfloat16>() + off, dscratch.as<float>(),
+                                 nullptr);
+    else if (opt.first)
+        ops::cuda::mhc_pre_first(p, norm_w, 1e-6f, rows, dh.as<float>() + off, post_out, comb_out,
+                                 dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    else if (opt.bf16_h)
         ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
                                 dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
                                 dh.as<__nv_bfloat16>() + off, post_out, comb_out,
@@ -339,7 +357,13 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     const size_t hb = opt.bf16_h ? 2 : 4;
     expect_guard(dh, off * hb, (off + b.h.size()) * hb, "h");
     BoundaryOut r;
-    if (opt.bf16_h) {
+    if (opt.first) {
+        std::vector<uint8_t> h_after(dh.bytes());
+        CPFILL_CUDA_CHECK(
+            cudaMemcpy(h_after.data(), dh.as<void>(), h_after.size(), cudaMemcpyDeviceToHost));
+        EXPECT_TRUE(h_after == h_before) << "mhc_pre_first wrote to h";
+        r.h = b.h;
+    } else if (opt.bf16_h) {
         auto h = download<uint16_t>(dh, off + b.h.size());
         for (size_t i = off; i < h.size(); ++i) r.h.push_back(bf16_to_f32(h[i]));
     } else {
@@ -503,14 +527,91 @@ TEST_P(CudaMhcPostPre, Bf16ResidualUnalignedMatchesCpu) {
 // group partial; 520: 160 threads; d_model 100 and 32: one warp, partly idle). One slice otherwise
 // (1 × 1, 1 × 7, 4300 × 45, and those four in UnalignedPointersMatchCpu): kernel 2 runs the site
 // math.
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPostPre,
-                         ::testing::Values(MhcShape{1, 1, 4}, MhcShape{1, 7, 4}, MhcShape{3, 33, 4},
-                                           MhcShape{5, 4096, 4}, MhcShape{9, 7168, 4},
-                                           MhcShape{37, 300, 2}, MhcShape{130, 512, 3},
-                                           MhcShape{6, 129, 1}, MhcShape{1001, 256, 4},
-                                           MhcShape{4500, 100, 4}, MhcShape{4300, 45, 3},
-                                           MhcShape{4300, 2072, 4}, MhcShape{4250, 520, 1},
-                                           MhcShape{100, 32, 3}));
+const std::vector<MhcShape> kBoundaryShapes = {
+    MhcShape{1, 1, 4},      MhcShape{1, 7, 4},      MhcShape{3, 33, 4},    MhcShape{5, 4096, 4},
+    MhcShape{9, 7168, 4},   MhcShape{37, 300, 2},   MhcShape{130, 512, 3}, MhcShape{6, 129, 1},
+    MhcShape{1001, 256, 4}, MhcShape{4500, 100, 4}, MhcShape{4300, 45, 3}, MhcShape{4300, 2072, 4},
+    MhcShape{4250, 520, 1}, MhcShape{100, 32, 3}};
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPostPre, ::testing::ValuesIn(kBoundaryShapes));
+
+// ---- mhc_pre_first ----
+
+// The residual at the first site of a chunk: every stream a copy of stream 0 (embed_streams).
+std::vector<float> first_site_h(const Boundary& b) {
+    const int64_t D = b.d_model;
+    std::vector<float> h = b.h;
+    for (int64_t r = 0; r < b.rows; ++r)
+        for (int j = 1; j < b.hc; ++j)
+            std::copy_n(b.h.begin() + r * b.hc * D, D, h.begin() + (r * b.hc + j) * D);
+    return h;
+}
+
+// mhc_pre (cuBLASLt GEMM) → rmsnorm on the whole h: the path mhc_pre_first replaces.
+BoundaryOut gpu_pre_norm(const Boundary& b) {
+    const std::vector<float>& h = b.h;
+    const int64_t rows = b.rows, D = b.d_model, n_mix = (2 + b.hc) * b.hc;
+    auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
+    auto dw = upload(b.norm_w), dh = upload(h);
+    cuda::DeviceBuffer dpost(rows * b.hc * 4), dcomb(rows * b.hc * b.hc * 4);
+    cuda::DeviceBuffer dx(rows * D * 2), dy(rows * D * 2), dmix(rows * n_mix * 4);
+    ops::cuda::MhcDeviceParams p{
+        dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), b.hc, D, 20, 1e-6f, 1e-6f};
+    ops::cuda::GemmContext gemm;
+    ops::cuda::mhc_pre(p, dh.as<float>(), rows, dpost.as<float>(), dcomb.as<float>(),
+                       dx.as<__nv_bfloat16>(), gemm, dmix.as<float>(), nullptr);
+    ops::cuda::rmsnorm(dx.as<__nv_bfloat16>(), rows, D, dw.as<float>(), 1e-6f,
+                       dy.as<__nv_bfloat16>(), nullptr);
+    CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
+    return {h, cuda::download_f32(dpost, rows * b.hc),
+            cuda::download_f32(dcomb, rows * b.hc * b.hc), cuda::download_bf16(dy, rows * D)};
+}
+
+class CudaMhcPreFirst : public ::testing::TestWithParam<MhcShape> {};
+
+// A first site's boundary: b's h with every stream a copy of stream 0.
+Boundary first_site(const MhcShape& shape, uint64_t seed, bool bf16_values = false) {
+    Boundary b = make_boundary(shape, seed);
+    if (bf16_values)
+        for (float& v : b.h) v = bf16_to_f32(f32_to_bf16(v));
+    b.h = first_site_h(b);
+    return b;
+}
+
+TEST_P(CudaMhcPreFirst, ReadsStreamZeroAloneAndMatchesPreNormAndCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 90));
+    const Boundary b = first_site(GetParam(), 90);
+    const BoundaryOut got = gpu_fused(b, {.first = true});
+    expect_close(got, gpu_pre_norm(b), "mhc_pre + rmsnorm");
+    expect_close(got, cpu_site(b, b.h, true), "CPU");
+}
+
+TEST_P(CudaMhcPreFirst, WithoutNormAndUnalignedMatchCpu) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 100));
+    const Boundary b = first_site(GetParam(), 100);
+    expect_close(gpu_fused(b, {.norm = false, .first = true}), cpu_site(b, b.h, false),
+                 "CPU, no norm");
+    expect_close(gpu_fused(b, {.offset = 1, .first = true}), cpu_site(b, b.h, true),
+                 "CPU, unaligned");
+}
+
+// A bf16 residual holding the same (bf16) values: the same arithmetic, so post, comb and y are the
+// fp32 residual's bit for bit, aligned or not.
+TEST_P(CudaMhcPreFirst, Bf16ResidualEqualsFp32) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 110));
+    const Boundary b = first_site(GetParam(), 110, true);
+    for (size_t off : {size_t{0}, size_t{1}}) {
+        const BoundaryOut f = gpu_fused(b, {.offset = off, .first = true});
+        const BoundaryOut g = gpu_fused(b, {.offset = off, .bf16_h = true, .first = true});
+        EXPECT_TRUE(f.post == g.post && f.comb == g.comb && f.y == g.y) << "offset " << off;
+        expect_close(g, cpu_site(b, b.h, true), "CPU with a bf16 h");
+    }
+}
+
+// The shapes (and so the paths) of CudaMhcPostPre.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPreFirst, ::testing::ValuesIn(kBoundaryShapes));
 
 TEST(CudaMhcPostPreEdge, ZeroRowsLaunchesNothing) {
     CPFILL_SKIP_WITHOUT_GPU();

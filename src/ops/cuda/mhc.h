@@ -80,6 +80,19 @@ void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat1
                   __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
                   float* scratch, cudaStream_t stream);
 
+// The first site of a chunk, where every stream of h holds the same values (embed_streams wrote
+// the embedding into each): mhc_post_pre's second half alone — the site's post / comb and y =
+// rmsnorm(collapse) · norm_w (or the collapse: norm_w == nullptr) — with the same kernels, reading
+// stream 0 of each row alone (a quarter of h's bytes) and writing nothing to h. What mhc_pre and
+// rmsnorm give on that h, with the mixing products summed in mhc_post_pre's order (row by row the
+// same whatever the row count: a TBO half equals one pass). scratch: mhc_post_pre_scratch_bytes.
+void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
+                   const float* h, float* post, float* comb, __nv_bfloat16* y, float* scratch,
+                   cudaStream_t stream);
+void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
+                   const __nv_bfloat16* h, float* post, float* comb, __nv_bfloat16* y,
+                   float* scratch, cudaStream_t stream);
+
 // Final head collapse: z[t] = Σ_j (sigmoid(scale · (fn · rmsnorm(h[t]))_j + base_j) + hc_eps) h[t,
 // j]. fn fp32 [hc, hc · d_model], base fp32 [hc], scale fp32 [1] (device); z bf16 [rows, d_model].
 void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,

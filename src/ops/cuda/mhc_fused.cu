@@ -76,7 +76,10 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, b
 // kVec: 4-value h, float4 fn, 8-byte o (d_model % 4 == 0, aligned pointers), else scalar.
 // H: the residual's element type; a bf16 h is rounded as it is stored, and the products and
 // squares are taken from the rounded values.
-template <int HC, bool kVec, bool kSite, class H>
+// kFirst: no update (post, comb and o are not read, h is not written): h's streams all hold stream
+// 0's values (the first site of a chunk: embed_streams), so only stream 0 is read and it stands
+// for every stream in the products and the squares.
+template <int HC, bool kVec, bool kSite, class H, bool kFirst>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     mhc_post_mix_kernel(const float* post, const float* comb, const __nv_bfloat16* o,
                         const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split, H* h,
@@ -103,11 +106,13 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     const bool tok = t < n_rows;
     const int64_t row = row0 + t;  // read only when tok
     // Zeros past the last row: the update gives zeros there.
-    for (int i = tid; i < kTile * HC; i += kFusedThreads)
-        coef[i / HC][i % HC] = i / HC < n_rows ? post[row0 * HC + i] : 0.0f;
-    for (int i = tid; i < kTile * HC * HC; i += kFusedThreads)
-        coef[i / (HC * HC)][HC + i % (HC * HC)] =
-            i / (HC * HC) < n_rows ? comb[row0 * HC * HC + i] : 0.0f;
+    if constexpr (!kFirst) {
+        for (int i = tid; i < kTile * HC; i += kFusedThreads)
+            coef[i / HC][i % HC] = i / HC < n_rows ? post[row0 * HC + i] : 0.0f;
+        for (int i = tid; i < kTile * HC * HC; i += kFusedThreads)
+            coef[i / (HC * HC)][HC + i % (HC * HC)] =
+                i / (HC * HC) < n_rows ? comb[row0 * HC * HC + i] : 0.0f;
+    }
     if constexpr (F::kMixPad > F::kMix) {
         constexpr int kPad = (F::kMixPad - F::kMix) * F::kLd;
         for (int i = tid; i < 2 * kPad; i += kFusedThreads)
@@ -117,19 +122,22 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
 
     float4 hv[HC];  // h of the next chunk (token t, 4 channels, each stream)
     uint2 ov;       // o of the next chunk, 4 bf16 as stored
+    constexpr int kLoadStreams = kFirst ? 1 : HC;  // the streams read; kFirst: stream 0 for all
     auto load = [&](int64_t c) {
         const int64_t d = c * kChunk + 4 * q;
         const H* hs = h + row * width + d;
-        const __nv_bfloat16* os = o + row * d_model + d;
+        const __nv_bfloat16* os = kFirst ? nullptr : o + row * d_model + d;
         if constexpr (kVec) {
 #pragma unroll
             for (int j = 0; j < HC; ++j) hv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             ov = make_uint2(0u, 0u);
             if (tok && d < d_model) {
 #pragma unroll
-                for (int j = 0; j < HC; ++j) hv[j] = h_load4(hs + j * d_model);
-                ov = *reinterpret_cast<const uint2*>(os);
+                for (int j = 0; j < kLoadStreams; ++j) hv[j] = h_load4(hs + j * d_model);
+                if constexpr (!kFirst) ov = *reinterpret_cast<const uint2*>(os);
             }
+#pragma unroll
+            for (int j = kLoadStreams; j < HC; ++j) hv[j] = hv[0];
         } else {
             float v[HC][4];
             uint32_t b[4];
@@ -137,8 +145,9 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
             for (int e = 0; e < 4; ++e) {
                 const bool ok = tok && d + e < d_model;
 #pragma unroll
-                for (int j = 0; j < HC; ++j) v[j][e] = ok ? h_get(hs + j * d_model + e) : 0.0f;
-                b[e] = ok ? __bfloat16_as_ushort(os[e]) : 0u;
+                for (int j = 0; j < HC; ++j)
+                    v[j][e] = ok ? h_get(hs + (j < kLoadStreams ? j : 0) * d_model + e) : 0.0f;
+                b[e] = ok && !kFirst ? __bfloat16_as_ushort(os[e]) : 0u;
             }
 #pragma unroll
             for (int j = 0; j < HC; ++j) hv[j] = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
@@ -147,6 +156,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     };
     // The chunk's update from hv / ov: to h (valid positions), to As (all), squares into ss. The
     // same operations in the same order as mhc_post_kernel; rounded to H before any use.
+    // kFirst: h as loaded (stream 0's values in every stream) to As, squares into ss.
     float ss = 0.0f;
     auto update = [&](int64_t c) {
         const int64_t d = c * kChunk + 4 * q;
@@ -154,22 +164,26 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
         H* hd = h + row * width + d;
 #pragma unroll
         for (int k = 0; k < HC; ++k) {
-            const float p = coef[t][k];
-            float4 s = make_float4(p * of.x, p * of.y, p * of.z, p * of.w);
+            float4 s = hv[k];
+            if constexpr (!kFirst) {
+                const float p = coef[t][k];
+                s = make_float4(p * of.x, p * of.y, p * of.z, p * of.w);
 #pragma unroll
-            for (int j = 0; j < HC; ++j) {
-                const float w = coef[t][HC + j * HC + k];
-                s.x += w * hv[j].x;
-                s.y += w * hv[j].y;
-                s.z += w * hv[j].z;
-                s.w += w * hv[j].w;
+                for (int j = 0; j < HC; ++j) {
+                    const float w = coef[t][HC + j * HC + k];
+                    s.x += w * hv[j].x;
+                    s.y += w * hv[j].y;
+                    s.z += w * hv[j].z;
+                    s.w += w * hv[j].w;
+                }
+                s = h_round4<H>(s);
             }
-            s = h_round4<H>(s);
             *reinterpret_cast<float4*>(As + t * F::kLd + k * kChunk + 4 * q) = s;
             ss += s.x * s.x;
             ss += s.y * s.y;
             ss += s.z * s.z;
             ss += s.w * s.w;
+            if constexpr (kFirst) continue;  // h is not written
             if constexpr (kVec) {
                 if (tok && d < d_model) h_store4(hd + k * d_model, s);
             } else {
@@ -295,12 +309,14 @@ __device__ __forceinline__ uint2 norm_bf16x4(uint2 v, float4 w, float inv) {
 // Kernel 2: per token, the slices' sums from part fp32 [splits, rows, kVals] → post, comb (site
 // math of mhc_pre) and the collapse x = Σ_j pre_j · h[j] → y bf16; with kNorm, y ← rmsnorm(y) ·
 // norm_w as rmsnorm_kernel (norm.cu) computes it. kVec: 4-value h, float4 norm_w, 8-byte y.
+// stream_stride: elements from one stream of h to the next (d_model; 0 where every stream holds
+// stream 0's values, the first site: stream 0 alone is read).
 template <int HC, bool kVec, bool kNorm, class H>
 __global__ void __launch_bounds__(kThreads)
     mhc_pre_norm_kernel(const float* part, int64_t splits, const float* base, const float* scale,
-                        int64_t d_model, int64_t rows, int sinkhorn_iters, float hc_eps,
-                        float norm_eps, const H* h, const float* norm_w, float rms_eps, float* post,
-                        float* comb, __nv_bfloat16* y) {
+                        int64_t d_model, int64_t stream_stride, int64_t rows, int sinkhorn_iters,
+                        float hc_eps, float norm_eps, const H* h, const float* norm_w,
+                        float rms_eps, float* post, float* comb, __nv_bfloat16* y) {
     constexpr int kVals = (2 + HC) * HC + 1;
     const int64_t width = HC * d_model;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -333,7 +349,7 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (kVec) {
             const int64_t d4 = d_model / 4;
             for (int64_t d = threadIdx.x; d < d4; d += kThreads) {
-                const float4 s = collapse4<HC>(ht, d_model, d, pre[r]);
+                const float4 s = collapse4<HC>(ht, stream_stride, d, pre[r]);
                 const uint2 v = make_uint2(bf16x2_bits(s.x, s.y), bf16x2_bits(s.z, s.w));
                 __stwb(reinterpret_cast<uint2*>(yt) + d, v);
                 sq(ss[r], bf16_lo(v.x));
@@ -345,7 +361,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int64_t d = threadIdx.x; d < d_model; d += kThreads) {
                 float s = 0.0f;
 #pragma unroll
-                for (int j = 0; j < HC; ++j) s += pre[r][j] * h_get(ht + j * d_model + d);
+                for (int j = 0; j < HC; ++j) s += pre[r][j] * h_get(ht + j * stream_stride + d);
                 const __nv_bfloat16 v = __float2bfloat16(s);
                 yt[d] = v;
                 sq(ss[r], __bfloat162float(v));
@@ -396,6 +412,8 @@ __global__ void __launch_bounds__(kThreads)
 // barrier give the token's Σ, and y is written once (8-byte stores): bf16(w · (x · inv)) with
 // kNorm, else x. No store before the last load, so the compiler may also run batches ahead. Needs
 // d_model % 4 == 0, d_model ≤ kStreamMaxD, 4 · sizeof(H)-byte h, 16-byte norm_w, 8-byte y.
+// kFirst: every stream of h holds stream 0's values (the first site): stream 0 alone is read, and
+// stands for each stream in the collapse.
 constexpr int kStreamThreads = 256;  // most threads per block (fewer when d_model < 1024)
 constexpr int kStreamGroups = 8;     // most float4 groups of each stream per thread
 constexpr int64_t kStreamMaxD = 4 * kStreamGroups * kStreamThreads;
@@ -410,12 +428,13 @@ __device__ __forceinline__ uint2 h_ldcs4(const __nv_bfloat16* p) {
 __device__ __forceinline__ float4 unpack4(float4 v) { return v; }
 __device__ __forceinline__ float4 unpack4(uint2 v) { return bf16x4_float4(v); }
 
-template <int HC, bool kNorm, class H>
+template <int HC, bool kNorm, class H, bool kFirst>
 __global__ void __launch_bounds__(kStreamThreads, 4)
     mhc_collapse_norm_kernel(const float* pre_in, const H* h, int64_t d_model, const float* norm_w,
                              float rms_eps, __nv_bfloat16* y) {
+    constexpr int kLoads = kFirst ? 1 : HC;  // streams read per group
     // Groups whose loads are in flight together: 8 loads of 16 bytes, or 16 of 8.
-    constexpr int kBatch = (32 / static_cast<int>(sizeof(H)) + HC - 1) / HC;
+    constexpr int kBatch = (32 / static_cast<int>(sizeof(H)) + kLoads - 1) / kLoads;
     using Raw = decltype(h_ldcs4(static_cast<const H*>(nullptr)));
     const int64_t t = blockIdx.x;
     const int d4 = static_cast<int>(d_model / 4), tid = threadIdx.x, nt = blockDim.x;
@@ -428,13 +447,13 @@ __global__ void __launch_bounds__(kStreamThreads, 4)
     float ss = 0.0f;         // Σ bf16(x)² over them
 #pragma unroll
     for (int g0 = 0; g0 < kStreamGroups; g0 += kBatch) {
-        Raw a[kBatch][HC];
+        Raw a[kBatch][kLoads];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             const int g = g0 + b, d = tid + g * nt;
             if (g < kStreamGroups && d < d4) {
 #pragma unroll
-                for (int j = 0; j < HC; ++j) a[b][j] = h_ldcs4(ht + j * d_model + 4 * d);
+                for (int j = 0; j < kLoads; ++j) a[b][j] = h_ldcs4(ht + j * d_model + 4 * d);
             }
         }
 #pragma unroll
@@ -443,7 +462,7 @@ __global__ void __launch_bounds__(kStreamThreads, 4)
             if (g < kStreamGroups && d < d4) {
                 float4 f[HC];
 #pragma unroll
-                for (int j = 0; j < HC; ++j) f[j] = unpack4(a[b][j]);
+                for (int j = 0; j < HC; ++j) f[j] = unpack4(a[b][j < kLoads ? j : 0]);
                 const float4 s = combine4<HC>(f, pre);
                 x[g] = make_uint2(bf16x2_bits(s.x, s.y), bf16x2_bits(s.z, s.w));
                 ss += bf16_lo(x[g].x) * bf16_lo(x[g].x);
@@ -493,7 +512,9 @@ FusedSplit fused_split(int64_t rows, int64_t d_model) {
     return {tiles, (chunks + per - 1) / per, per};
 }
 
-template <int HC, class H>
+// kFirst: no update (post_in, comb_in, o unused; h only read), every stream of h holding stream
+// 0's values (mhc_pre_first).
+template <int HC, bool kFirst, class H>
 void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                      const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
                      H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
@@ -507,10 +528,10 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
     const bool streaming = sp.splits == 1 && vec2 && p.d_model <= kStreamMaxD;
 
     const dim3 grid1(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits));
-    const bool vec1 =
-        p.d_model % 4 == 0 && aligned(h, 4 * sizeof(H)) && aligned(p.fn, 16) && aligned(o, 8);
+    const bool vec1 = p.d_model % 4 == 0 && aligned(h, 4 * sizeof(H)) && aligned(p.fn, 16) &&
+                      (kFirst || aligned(o, 8));
     auto post_mix = [&](auto vec, auto site) {
-        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value, H>
+        mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value, H, kFirst>
             <<<grid1, kFusedThreads, 0, stream>>>(post_in, comb_in, o, p, rows, sp.chunks_per_split,
                                                   h, scratch, post_out, comb_out);
     };
@@ -530,19 +551,19 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
             d4 >= kStreamThreads ? kStreamThreads : static_cast<int>((d4 + 31) / 32 * 32);
         const unsigned blocks = static_cast<unsigned>(rows);
         if (norm_w)
-            mhc_collapse_norm_kernel<HC, true, H>
+            mhc_collapse_norm_kernel<HC, true, H, kFirst>
                 <<<blocks, threads, 0, stream>>>(scratch, h, p.d_model, norm_w, norm_eps, y);
         else
-            mhc_collapse_norm_kernel<HC, false, H>
+            mhc_collapse_norm_kernel<HC, false, H, kFirst>
                 <<<blocks, threads, 0, stream>>>(scratch, h, p.d_model, norm_w, norm_eps, y);
         return;
     }
     const unsigned blocks2 = static_cast<unsigned>((rows + kRows - 1) / kRows);
     auto collapse = [&](auto vec, auto norm) {
         mhc_pre_norm_kernel<HC, decltype(vec)::value, decltype(norm)::value, H>
-            <<<blocks2, kThreads, 0, stream>>>(scratch, sp.splits, p.base, p.scale, p.d_model, rows,
-                                               p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, norm_w,
-                                               norm_eps, post_out, comb_out, y);
+            <<<blocks2, kThreads, 0, stream>>>(
+                scratch, sp.splits, p.base, p.scale, p.d_model, kFirst ? 0 : p.d_model, rows,
+                p.sinkhorn_iters, p.hc_eps, p.norm_eps, h, norm_w, norm_eps, post_out, comb_out, y);
     };
     if (vec2 && norm_w)
         collapse(Yes{}, Yes{});
@@ -570,18 +591,20 @@ int64_t mhc_post_pre_scratch_bytes(int hc, int64_t d_model, int64_t rows) {
 
 namespace {
 
-template <class H>
+template <bool kFirst, class H>
 void post_pre_impl(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                    const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                    H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
                    cudaStream_t stream) {
     if (rows == 0) return;
-    CPFILL_CHECK(next.sinkhorn_iters >= 1, "mhc_post_pre: hc_sinkhorn_iters must be ≥ 1, found {}",
+    const char* const op = kFirst ? "mhc_pre_first" : "mhc_post_pre";
+    CPFILL_CHECK(next.sinkhorn_iters >= 1, "{}: hc_sinkhorn_iters must be ≥ 1, found {}", op,
                  next.sinkhorn_iters);
-    CPFILL_CHECK(next.d_model >= 1, "mhc_post_pre: d_model must be ≥ 1, found {}", next.d_model);
+    CPFILL_CHECK(next.d_model >= 1, "{}: d_model must be ≥ 1, found {}", op, next.d_model);
     dispatch_hc(next.hc, [&](auto hc) {
-        launch_post_pre<decltype(hc)::value>(post_in, comb_in, o, next, norm_w, norm_eps, rows, h,
-                                             post_out, comb_out, y, scratch, stream);
+        launch_post_pre<decltype(hc)::value, kFirst>(post_in, comb_in, o, next, norm_w, norm_eps,
+                                                     rows, h, post_out, comb_out, y, scratch,
+                                                     stream);
     });
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
@@ -592,16 +615,31 @@ void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat1
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
                   cudaStream_t stream) {
-    post_pre_impl(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out, y,
-                  scratch, stream);
+    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out,
+                         y, scratch, stream);
 }
 
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
                   float* scratch, cudaStream_t stream) {
-    post_pre_impl(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out, y,
-                  scratch, stream);
+    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out,
+                         y, scratch, stream);
+}
+
+// The kernel reads h only (kFirst): the const is cast away for the shared launch code.
+void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
+                   const float* h, float* post, float* comb, __nv_bfloat16* y, float* scratch,
+                   cudaStream_t stream) {
+    post_pre_impl<true>(nullptr, nullptr, nullptr, p, norm_w, norm_eps, rows, const_cast<float*>(h),
+                        post, comb, y, scratch, stream);
+}
+
+void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
+                   const __nv_bfloat16* h, float* post, float* comb, __nv_bfloat16* y,
+                   float* scratch, cudaStream_t stream) {
+    post_pre_impl<true>(nullptr, nullptr, nullptr, p, norm_w, norm_eps, rows,
+                        const_cast<__nv_bfloat16*>(h), post, comb, y, scratch, stream);
 }
 
 }  // namespace cpfill::ops::cuda

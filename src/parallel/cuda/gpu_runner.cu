@@ -319,10 +319,20 @@ void Runner::begin_layer(int li) {
                  "injected fault (GpuRunOptions::fail_rank) at layer {}", li);
 }
 
+// The first site of a chunk (layer 0's attention site): h is the embedding in every stream
+// (begin_chunk), so with the fused kernels on, mhc_pre_first reads stream 0 alone; otherwise (and
+// at every site with mhc_fused off) mhc_pre and the RMSNorm.
 void Runner::collapse(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
     const SiteIo io = site_io(s, W_.layers[li], site);
     ctx_.phase(Phase::Other);
+    if (opt_.mhc_fused && li == 0 && site == Site::Attn) {
+        s.h.visit([&](auto* h) {
+            oc::mhc_pre_first(io.mhc, io.norm, float(cfg_.norm_eps), s.n, h, io.post, io.comb,
+                              io.collapse_to, ws_.mixes, dev_.compute);
+        });
+        return;
+    }
     if (s.h.is_bf16)  // the dot products in the kernel (no cuBLASLt GEMM takes bf16 by fp32)
         oc::mhc_pre(io.mhc, static_cast<const bf16*>(s.h.data), s.n, io.post, io.comb, ws_.x,
                     dev_.compute);
