@@ -305,6 +305,9 @@ struct FusedOptions {
     // 1 are NaN on the device, so what comes back is finite only if stream 0 alone was read; h must
     // come back byte for byte.
     bool first = false;
+    // mhc_post_pre_first instead (b.h: first_site_h): streams 1 … hc − 1 NaN on the device, as
+    // with `first`; h comes back updated in every stream.
+    bool first_boundary = false;
 };
 
 BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
@@ -313,7 +316,7 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
     auto dpost_in = upload(b.post), dcomb_in = upload(b.comb), dw = upload(b.norm_w);
     std::vector<float> h_in = b.h;
-    if (opt.first)
+    if (opt.first || opt.first_boundary)
         for (int64_t r = 0; r < rows; ++r)
             std::fill_n(h_in.begin() + (r * b.hc + 1) * D, (b.hc - 1) * D, std::nanf(""));
     auto dh = opt.bf16_h ? upload_at(to_bf16(h_in), off) : upload_at(h_in, off);
@@ -344,6 +347,16 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     else if (opt.first)
         ops::cuda::mhc_pre_first(p, norm_w, 1e-6f, rows, dh.as<float>() + off, post_out, comb_out,
                                  dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    else if (opt.first_boundary && opt.bf16_h)
+        ops::cuda::mhc_post_pre_first(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                      dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
+                                      dh.as<__nv_bfloat16>() + off, post_out, comb_out,
+                                      dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    else if (opt.first_boundary)
+        ops::cuda::mhc_post_pre_first(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                      dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
+                                      dh.as<float>() + off, post_out, comb_out,
+                                      dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
     else if (opt.bf16_h)
         ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
                                 dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
@@ -615,6 +628,40 @@ TEST_P(CudaMhcPreFirst, Bf16ResidualEqualsFp32) {
 
 // The shapes (and so the paths) of CudaMhcPostPre.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPreFirst, ::testing::ValuesIn(kBoundaryShapes));
+
+// ---- mhc_post_pre_first ----
+
+class CudaMhcPostPreFirst : public ::testing::TestWithParam<MhcShape> {};
+
+// Streams 1 … hc − 1 NaN on the device: the result is mhc_post_pre's on the h with every stream
+// written, bit for bit (h, post, comb, y), only if stream 0 alone was read; fp32 and bf16 h,
+// aligned or not, with and without the norm; and the CPU's boundary.
+TEST_P(CudaMhcPostPreFirst, ReadsStreamZeroAloneAndEqualsPostPre) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    SCOPED_TRACE(describe(GetParam(), 120));
+    for (bool bf16_h : {false, true}) {
+        const Boundary b = first_site(GetParam(), 120, bf16_h);
+        for (size_t off : {size_t{0}, size_t{1}})
+            for (bool norm : {true, false}) {
+                SCOPED_TRACE(::testing::Message()
+                             << "bf16 h " << bf16_h << ", offset " << off << ", norm " << norm);
+                const FusedOptions all{.norm = norm, .offset = off, .bf16_h = bf16_h};
+                FusedOptions one = all;
+                one.first_boundary = true;
+                const BoundaryOut want = gpu_fused(b, all), got = gpu_fused(b, one);
+                EXPECT_TRUE(got.h == want.h) << "h";
+                EXPECT_TRUE(got.post == want.post && got.comb == want.comb) << "post / comb";
+                EXPECT_TRUE(got.y == want.y) << "y";
+                if (off != 0 || !norm) continue;
+                if (bf16_h)
+                    expect_bf16_residual_close(b, got, true);
+                else
+                    expect_close(got, cpu_boundary(b, true), "CPU");
+            }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPostPreFirst, ::testing::ValuesIn(kBoundaryShapes));
 
 TEST(CudaMhcPostPreEdge, ZeroRowsLaunchesNothing) {
     CPFILL_SKIP_WITHOUT_GPU();

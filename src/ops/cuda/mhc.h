@@ -93,6 +93,20 @@ void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps
                    const __nv_bfloat16* h, float* post, float* comb, __nv_bfloat16* y,
                    float* scratch, cudaStream_t stream);
 
+// The first boundary of a chunk (the first site's post, the next site's pre and RMSNorm) where h's
+// streams all hold stream 0's values but only stream 0 was written (embed_streams with written =
+// 1; the first site ran mhc_pre_first): mhc_post_pre reading stream 0 alone (a quarter of h's
+// bytes in) and writing every stream. The same arithmetic as mhc_post_pre on h with every stream
+// written, so the same bits; streams 1 … hc − 1 may hold anything on entry.
+void mhc_post_pre_first(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                        const MhcDeviceParams& next, const float* norm_w, float norm_eps,
+                        int64_t rows, float* h, float* post_out, float* comb_out, __nv_bfloat16* y,
+                        float* scratch, cudaStream_t stream);
+void mhc_post_pre_first(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                        const MhcDeviceParams& next, const float* norm_w, float norm_eps,
+                        int64_t rows, __nv_bfloat16* h, float* post_out, float* comb_out,
+                        __nv_bfloat16* y, float* scratch, cudaStream_t stream);
+
 // Final head collapse: z[t] = Σ_j (sigmoid(scale · (fn · rmsnorm(h[t]))_j + base_j) + hc_eps) h[t,
 // j]. fn fp32 [hc, hc · d_model], base fp32 [hc], scale fp32 [1] (device); z bf16 [rows, d_model].
 void mhc_head(const float* fn, const float* base, const float* scale, int hc, int64_t d_model,

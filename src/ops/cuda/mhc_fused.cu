@@ -79,11 +79,14 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, b
 // kFirst: no update (post, comb and o are not read, h is not written): h's streams all hold stream
 // 0's values (the first site of a chunk: embed_streams), so only stream 0 is read and it stands
 // for every stream in the products and the squares.
+// in_stride: elements from one stream of h to the next as the update reads them: d_model, or 0
+// where every stream holds stream 0's values but only stream 0 was written (mhc_post_pre_first;
+// the same arithmetic, so the same bits as on h with every stream written). Ignored with kFirst.
 template <int HC, bool kVec, bool kSite, class H, bool kFirst>
 __global__ void __launch_bounds__(kFusedThreads, 2)
     mhc_post_mix_kernel(const float* post, const float* comb, const __nv_bfloat16* o,
-                        const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split, H* h,
-                        float* part, float* post_out, float* comb_out) {
+                        const MhcDeviceParams next, int64_t rows, int64_t chunks_per_split,
+                        int64_t in_stride, H* h, float* part, float* post_out, float* comb_out) {
     using F = Fused<HC>;
     const float* const fn = next.fn;
     const int64_t d_model = next.d_model;
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
             ov = make_uint2(0u, 0u);
             if (tok && d < d_model) {
 #pragma unroll
-                for (int j = 0; j < kLoadStreams; ++j) hv[j] = h_load4(hs + j * d_model);
+                for (int j = 0; j < kLoadStreams; ++j) hv[j] = h_load4(hs + j * in_stride);
                 if constexpr (!kFirst) ov = *reinterpret_cast<const uint2*>(os);
             }
 #pragma unroll
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
                 const bool ok = tok && d + e < d_model;
 #pragma unroll
                 for (int j = 0; j < HC; ++j)
-                    v[j][e] = ok ? h_get(hs + (j < kLoadStreams ? j : 0) * d_model + e) : 0.0f;
+                    v[j][e] = ok ? h_get(hs + (j < kLoadStreams ? j : 0) * in_stride + e) : 0.0f;
                 b[e] = ok && !kFirst ? __bfloat16_as_ushort(os[e]) : 0u;
             }
 #pragma unroll
@@ -513,12 +516,12 @@ FusedSplit fused_split(int64_t rows, int64_t d_model) {
 }
 
 // kFirst: no update (post_in, comb_in, o unused; h only read), every stream of h holding stream
-// 0's values (mhc_pre_first).
+// 0's values (mhc_pre_first). in_stride: as mhc_post_mix_kernel's.
 template <int HC, bool kFirst, class H>
 void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                      const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
-                     H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                     cudaStream_t stream) {
+                     int64_t in_stride, H* h, float* post_out, float* comb_out, __nv_bfloat16* y,
+                     float* scratch, cudaStream_t stream) {
     using Yes = std::true_type;
     using No = std::false_type;
     const FusedSplit sp = fused_split(rows, p.d_model);
@@ -533,7 +536,7 @@ void launch_post_pre(const float* post_in, const float* comb_in, const __nv_bflo
     auto post_mix = [&](auto vec, auto site) {
         mhc_post_mix_kernel<HC, decltype(vec)::value, decltype(site)::value, H, kFirst>
             <<<grid1, kFusedThreads, 0, stream>>>(post_in, comb_in, o, p, rows, sp.chunks_per_split,
-                                                  h, scratch, post_out, comb_out);
+                                                  in_stride, h, scratch, post_out, comb_out);
     };
     if (vec1 && streaming)
         post_mix(Yes{}, Yes{});
@@ -591,20 +594,22 @@ int64_t mhc_post_pre_scratch_bytes(int hc, int64_t d_model, int64_t rows) {
 
 namespace {
 
+// from_stream0: h's streams are read as stream 0 (mhc_post_pre_first).
 template <bool kFirst, class H>
 void post_pre_impl(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                    const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
-                   H* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
-                   cudaStream_t stream) {
+                   bool from_stream0, H* h, float* post_out, float* comb_out, __nv_bfloat16* y,
+                   float* scratch, cudaStream_t stream) {
     if (rows == 0) return;
-    const char* const op = kFirst ? "mhc_pre_first" : "mhc_post_pre";
+    const char* const op =
+        kFirst ? "mhc_pre_first" : (from_stream0 ? "mhc_post_pre_first" : "mhc_post_pre");
     CPFILL_CHECK(next.sinkhorn_iters >= 1, "{}: hc_sinkhorn_iters must be ≥ 1, found {}", op,
                  next.sinkhorn_iters);
     CPFILL_CHECK(next.d_model >= 1, "{}: d_model must be ≥ 1, found {}", op, next.d_model);
     dispatch_hc(next.hc, [&](auto hc) {
         launch_post_pre<decltype(hc)::value, kFirst>(post_in, comb_in, o, next, norm_w, norm_eps,
-                                                     rows, h, post_out, comb_out, y, scratch,
-                                                     stream);
+                                                     rows, from_stream0 ? 0 : next.d_model, h,
+                                                     post_out, comb_out, y, scratch, stream);
     });
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
@@ -615,30 +620,46 @@ void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat1
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   float* h, float* post_out, float* comb_out, __nv_bfloat16* y, float* scratch,
                   cudaStream_t stream) {
-    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out,
-                         y, scratch, stream);
+    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, false, h, post_out,
+                         comb_out, y, scratch, stream);
 }
 
 void mhc_post_pre(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
                   const MhcDeviceParams& next, const float* norm_w, float norm_eps, int64_t rows,
                   __nv_bfloat16* h, float* post_out, float* comb_out, __nv_bfloat16* y,
                   float* scratch, cudaStream_t stream) {
-    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, h, post_out, comb_out,
-                         y, scratch, stream);
+    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, false, h, post_out,
+                         comb_out, y, scratch, stream);
+}
+
+void mhc_post_pre_first(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                        const MhcDeviceParams& next, const float* norm_w, float norm_eps,
+                        int64_t rows, float* h, float* post_out, float* comb_out, __nv_bfloat16* y,
+                        float* scratch, cudaStream_t stream) {
+    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, true, h, post_out,
+                         comb_out, y, scratch, stream);
+}
+
+void mhc_post_pre_first(const float* post_in, const float* comb_in, const __nv_bfloat16* o,
+                        const MhcDeviceParams& next, const float* norm_w, float norm_eps,
+                        int64_t rows, __nv_bfloat16* h, float* post_out, float* comb_out,
+                        __nv_bfloat16* y, float* scratch, cudaStream_t stream) {
+    post_pre_impl<false>(post_in, comb_in, o, next, norm_w, norm_eps, rows, true, h, post_out,
+                         comb_out, y, scratch, stream);
 }
 
 // The kernel reads h only (kFirst): the const is cast away for the shared launch code.
 void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
                    const float* h, float* post, float* comb, __nv_bfloat16* y, float* scratch,
                    cudaStream_t stream) {
-    post_pre_impl<true>(nullptr, nullptr, nullptr, p, norm_w, norm_eps, rows, const_cast<float*>(h),
-                        post, comb, y, scratch, stream);
+    post_pre_impl<true>(nullptr, nullptr, nullptr, p, norm_w, norm_eps, rows, true,
+                        const_cast<float*>(h), post, comb, y, scratch, stream);
 }
 
 void mhc_pre_first(const MhcDeviceParams& p, const float* norm_w, float norm_eps, int64_t rows,
                    const __nv_bfloat16* h, float* post, float* comb, __nv_bfloat16* y,
                    float* scratch, cudaStream_t stream) {
-    post_pre_impl<true>(nullptr, nullptr, nullptr, p, norm_w, norm_eps, rows,
+    post_pre_impl<true>(nullptr, nullptr, nullptr, p, norm_w, norm_eps, rows, true,
                         const_cast<__nv_bfloat16*>(h), post, comb, y, scratch, stream);
 }
 

@@ -16,13 +16,13 @@ int blocks_for(int64_t n) {
 
 template <class H>
 __global__ void embed_kernel(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n,
-                             int64_t d, int hc, H* h) {
+                             int64_t d, int hc, int written, H* h) {
     const int64_t total = n * d;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
          i += int64_t{gridDim.x} * blockDim.x) {
         const int64_t t = i / d, c = i % d;
         const __nv_bfloat16 e = embed[int64_t{tokens[t]} * d + c];
-        for (int j = 0; j < hc; ++j) {
+        for (int j = 0; j < written; ++j) {
             if constexpr (std::is_same_v<H, float>)
                 h[(t * hc + j) * d + c] = __bfloat162float(e);
             else
@@ -74,18 +74,22 @@ void rerange_rows(const void* in, int cp, int64_t n_local, int64_t row_bytes, in
 }
 
 void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
-                   int hc, float* h, cudaStream_t stream) {
+                   int hc, int written, float* h, cudaStream_t stream) {
     if (n == 0) return;
+    CPFILL_CHECK(written >= 1 && written <= hc,
+                 "embed_streams: written must be 1 to hc = {}, found {}", hc, written);
     embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
-                                                                   h);
+                                                                   written, h);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
 void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
-                   int hc, __nv_bfloat16* h, cudaStream_t stream) {
+                   int hc, int written, __nv_bfloat16* h, cudaStream_t stream) {
     if (n == 0) return;
+    CPFILL_CHECK(written >= 1 && written <= hc,
+                 "embed_streams: written must be 1 to hc = {}, found {}", hc, written);
     embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
-                                                                   h);
+                                                                   written, h);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -16,12 +16,14 @@ namespace cpfill::ops::cuda {
 void rerange_rows(const void* in, int cp, int64_t n_local, int64_t row_bytes, int64_t n_out,
                   void* out, int64_t ld_out, cudaStream_t stream);
 
-// h [n, hc, d_model] ← embed[tokens[t]] (bf16 [vocab, d_model]) in each of the hc streams; h fp32
-// or bf16 (the residual's two forms, ops/cuda/mhc.h: the bf16 values are copied as they are).
+// h [n, hc, d_model] ← embed[tokens[t]] (bf16 [vocab, d_model]) in streams 0 … written − 1 of
+// each row (written: hc, or 1 where the first site and boundary read stream 0 for all:
+// mhc_pre_first, mhc_post_pre_first; the other streams are left as they are); h fp32 or bf16 (the
+// residual's two forms, ops/cuda/mhc.h: the bf16 values are copied as they are).
 void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
-                   int hc, float* h, cudaStream_t stream);
+                   int hc, int written, float* h, cudaStream_t stream);
 void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
-                   int hc, __nv_bfloat16* h, cudaStream_t stream);
+                   int hc, int written, __nv_bfloat16* h, cudaStream_t stream);
 
 // out int64 [n, top_k] ← tid2eid[tokens[t]] (int64 [vocab, top_k]).
 void hash_lookup(const int64_t* tid2eid, const int32_t* tokens, int64_t n, int top_k, int64_t* out,

@@ -159,6 +159,10 @@ class Runner final : public RankBackend {
         const bf16* block_out;
         bf16* collapse_to;
     };
+    // The embedding goes into stream 0 of h alone and the chunk's first site and first boundary
+    // read it for every stream (mhc_pre_first, mhc_post_pre_first): with the fused boundary, and
+    // unless the residual after the embedding is recorded.
+    bool embed_one_stream() const { return opt_.mhc_fused && !opt_.record_hidden; }
     SiteIo site_io(SubState& s, const GpuLayer& L, Site site) const {
         if (site == Site::Attn)
             return {mhc_params(L.hc_attn), L.attn_norm.as<float>(),
@@ -273,7 +277,8 @@ void Runner::begin_chunk(const ChunkPlan& chunk) {
                 segs.back().end = t + 1;
         }
         s.h.visit([&](auto* h) {
-            oc::embed_streams(W_.embed.as<bf16>(), s.tokens_local, s.n, D, cfg_.hc, h, st);
+            oc::embed_streams(W_.embed.as<bf16>(), s.tokens_local, s.n, D, cfg_.hc,
+                              embed_one_stream() ? 1 : cfg_.hc, h, st);
         });
     }
 }
@@ -320,8 +325,9 @@ void Runner::begin_layer(int li) {
 }
 
 // The first site of a chunk (layer 0's attention site): h is the embedding in every stream
-// (begin_chunk), so with the fused kernels on, mhc_pre_first reads stream 0 alone; otherwise (and
-// at every site with mhc_fused off) mhc_pre and the RMSNorm.
+// (begin_chunk; in stream 0 alone where embed_one_stream), so with the fused kernels on,
+// mhc_pre_first reads stream 0 alone; otherwise (and at every site with mhc_fused off) mhc_pre and
+// the RMSNorm.
 void Runner::collapse(int si, int li, Site site) {
     SubState& s = ws_.subs[si];
     const SiteIo io = site_io(s, W_.layers[li], site);
@@ -363,9 +369,14 @@ void Runner::residual_collapse(int si, int layer, Site from, int next_layer, Sit
     SubState& s = ws_.subs[si];
     const SiteIo a = site_io(s, W_.layers[layer], from), b = site_io(s, W_.layers[next_layer], to);
     ctx_.phase(Phase::Other);
+    const bool first = layer == 0 && from == Site::Attn && embed_one_stream();
     s.h.visit([&](auto* h) {
-        oc::mhc_post_pre(a.post, a.comb, a.block_out, b.mhc, b.norm, float(cfg_.norm_eps), s.n, h,
-                         b.post, b.comb, b.collapse_to, ws_.mixes, dev_.compute);
+        if (first)
+            oc::mhc_post_pre_first(a.post, a.comb, a.block_out, b.mhc, b.norm, float(cfg_.norm_eps),
+                                   s.n, h, b.post, b.comb, b.collapse_to, ws_.mixes, dev_.compute);
+        else
+            oc::mhc_post_pre(a.post, a.comb, a.block_out, b.mhc, b.norm, float(cfg_.norm_eps), s.n,
+                             h, b.post, b.comb, b.collapse_to, ws_.mixes, dev_.compute);
     });
 }
 
