@@ -20,11 +20,21 @@ if [ -z "$ncu" ]; then
     echo "mhc-profile: no ncu (Nsight Compute) on this machine" >&2
     exit 1
 fi
+# Shared-memory loads: instructions, the wavefronts they took (a 16-byte load whose lanes read 8
+# distinct 16-byte words takes 1 to 4 wavefronts: which one says whether kernel 1's product is bound
+# by shared memory, docs/performance-notes.md, session 46), bank conflicts, the pipe's share, and
+# the FMAs.
+shared_metrics=l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+shared_metrics+=,smsp__sass_inst_executed_op_shared_ld.sum
+shared_metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+shared_metrics+=,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed
+shared_metrics+=,smsp__inst_executed_pipe_fma.sum
 "$ncu" --clock-control none --kernel-name 'regex:mhc_(post_mix|collapse_norm)_kernel' \
     --launch-count 8 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section SchedulerStats --section WarpStateStats --section LaunchStats \
+    --metrics "$shared_metrics" \
     "$build/bench/kernel_bench" --kernel mhc --repeat 1 >"$out/mhc-profile.txt" 2>&1
 rc=$?
-grep -E '^  [a-z_]+.*mhc_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Eligible Warps|Issued Warp|Registers Per' \
+grep -E '^  [a-z_]+.*mhc_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Eligible Warps|Issued Warp|Registers Per|shared|pipe_fma' \
     "$out/mhc-profile.txt" | head -n 80
 exit $rc
