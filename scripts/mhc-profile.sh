@@ -29,7 +29,7 @@ shared_metrics+=,smsp__sass_inst_executed_op_shared_ld.sum
 shared_metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
 shared_metrics+=,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed
 shared_metrics+=,smsp__inst_executed_pipe_fma.sum
-"$ncu" --clock-control none --kernel-name 'regex:mhc_(post_mix|collapse_norm)_kernel' \
+"$ncu" --clock-control none --kernel-name 'regex:mhc_(post_mix|post_mix_ws|collapse_norm)_kernel' \
     --launch-count 8 --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section SchedulerStats --section WarpStateStats --section LaunchStats \
     --metrics "$shared_metrics" \
