@@ -19,6 +19,7 @@
 #include "cuda_test_util.h"
 #include "ops/cuda/mhc.h"
 #include "ops/cuda/norm.h"
+#include "ops/cuda/rows.h"
 #include "ops/mhc.h"
 #include "ops/norm.h"
 
@@ -301,14 +302,14 @@ struct FusedOptions {
     bool alias = false;   // post_out == post_in, comb_out == comb_in
     size_t offset = 0;    // elements h, o and y start into their buffers
     bool bf16_h = false;  // the residual in bf16 (b.h rounded to it on the way)
-    // mhc_pre_first instead (b.h: every stream a copy of stream 0, first_site_h): streams 1 … hc −
-    // 1 are NaN on the device, so what comes back is finite only if stream 0 alone was read; h must
-    // come back byte for byte.
-    bool first = false;
-    // mhc_post_pre_first instead (b.h: first_site_h): streams 1 … hc − 1 NaN on the device, as
-    // with `first`; h comes back updated in every stream.
-    bool first_boundary = false;
+    // Which op: mhc_post_pre; mhc_pre_first (b.h: every stream a copy of stream 0, first_site_h;
+    // streams 1 … hc − 1 are NaN on the device, so what comes back is finite only if stream 0
+    // alone was read; h must come back byte for byte); mhc_post_pre_first (b.h: first_site_h;
+    // streams 1 … hc − 1 NaN on the device, as with PreFirst; h comes back updated in every
+    // stream).
+    enum class Op { PostPre, PreFirst, PostPreFirst } op = Op::PostPre;
 };
+using FusedOp = FusedOptions::Op;
 
 BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     const int64_t rows = b.rows, D = b.d_model;
@@ -316,12 +317,13 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     auto dfn = upload(b.next.fn), dbase = upload(b.next.base), dscale = upload(b.next.scale);
     auto dpost_in = upload(b.post), dcomb_in = upload(b.comb), dw = upload(b.norm_w);
     std::vector<float> h_in = b.h;
-    if (opt.first || opt.first_boundary)
+    const bool first = opt.op == FusedOp::PreFirst;
+    if (opt.op != FusedOp::PostPre)
         for (int64_t r = 0; r < rows; ++r)
             std::fill_n(h_in.begin() + (r * b.hc + 1) * D, (b.hc - 1) * D, std::nanf(""));
     auto dh = opt.bf16_h ? upload_at(to_bf16(h_in), off) : upload_at(h_in, off);
-    std::vector<uint8_t> h_before;  // opt.first: h as uploaded, to compare after the call
-    if (opt.first) {
+    std::vector<uint8_t> h_before;  // PreFirst: h as uploaded, to compare after the call
+    if (first) {
         h_before.resize(dh.bytes());
         CPFILL_CUDA_CHECK(
             cudaMemcpy(h_before.data(), dh.as<void>(), h_before.size(), cudaMemcpyDeviceToHost));
@@ -340,40 +342,31 @@ BoundaryOut gpu_fused(const Boundary& b, FusedOptions opt) {
     float* post_out = opt.alias ? dpost_in.as<float>() : dpost.as<float>();
     float* comb_out = opt.alias ? dcomb_in.as<float>() : dcomb.as<float>();
     const float* norm_w = opt.norm ? dw.as<float>() : nullptr;
-    if (opt.first && opt.bf16_h)
-        ops::cuda::mhc_pre_first(p, norm_w, 1e-6f, rows, dh.as<__nv_bfloat16>() + off, post_out,
-                                 comb_out, dy.as<__nv_bfloat16>() + off, dscratch.as<float>(),
-                                 nullptr);
-    else if (opt.first)
-        ops::cuda::mhc_pre_first(p, norm_w, 1e-6f, rows, dh.as<float>() + off, post_out, comb_out,
-                                 dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
-    else if (opt.first_boundary && opt.bf16_h)
-        ops::cuda::mhc_post_pre_first(dpost_in.as<float>(), dcomb_in.as<float>(),
-                                      dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
-                                      dh.as<__nv_bfloat16>() + off, post_out, comb_out,
-                                      dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
-    else if (opt.first_boundary)
-        ops::cuda::mhc_post_pre_first(dpost_in.as<float>(), dcomb_in.as<float>(),
-                                      dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
-                                      dh.as<float>() + off, post_out, comb_out,
-                                      dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
-    else if (opt.bf16_h)
-        ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
-                                dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
-                                dh.as<__nv_bfloat16>() + off, post_out, comb_out,
-                                dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+    auto call = [&](auto* h) {  // h: the residual at its offset, fp32 or bf16
+        __nv_bfloat16* const y = dy.as<__nv_bfloat16>() + off;
+        if (opt.op == FusedOp::PreFirst)
+            ops::cuda::mhc_pre_first(p, norm_w, 1e-6f, rows, h, post_out, comb_out, y,
+                                     dscratch.as<float>(), nullptr);
+        else if (opt.op == FusedOp::PostPreFirst)
+            ops::cuda::mhc_post_pre_first(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                          dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows, h,
+                                          post_out, comb_out, y, dscratch.as<float>(), nullptr);
+        else
+            ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
+                                    dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows, h,
+                                    post_out, comb_out, y, dscratch.as<float>(), nullptr);
+    };
+    if (opt.bf16_h)
+        call(dh.as<__nv_bfloat16>() + off);
     else
-        ops::cuda::mhc_post_pre(dpost_in.as<float>(), dcomb_in.as<float>(),
-                                dout.as<__nv_bfloat16>() + off, p, norm_w, 1e-6f, rows,
-                                dh.as<float>() + off, post_out, comb_out,
-                                dy.as<__nv_bfloat16>() + off, dscratch.as<float>(), nullptr);
+        call(dh.as<float>() + off);
     CPFILL_CUDA_CHECK(cudaDeviceSynchronize());
     expect_guard(dscratch, 0, scratch_bytes, "scratch");
     expect_guard(dy, off * 2, (off + rows * D) * 2, "y");
     const size_t hb = opt.bf16_h ? 2 : 4;
     expect_guard(dh, off * hb, (off + b.h.size()) * hb, "h");
     BoundaryOut r;
-    if (opt.first) {
+    if (first) {
         std::vector<uint8_t> h_after(dh.bytes());
         CPFILL_CUDA_CHECK(
             cudaMemcpy(h_after.data(), dh.as<void>(), h_after.size(), cudaMemcpyDeviceToHost));
@@ -597,7 +590,7 @@ TEST_P(CudaMhcPreFirst, ReadsStreamZeroAloneAndMatchesPreNormAndCpu) {
     CPFILL_SKIP_WITHOUT_GPU();
     SCOPED_TRACE(describe(GetParam(), 90));
     const Boundary b = first_site(GetParam(), 90);
-    const BoundaryOut got = gpu_fused(b, {.first = true});
+    const BoundaryOut got = gpu_fused(b, {.op = FusedOp::PreFirst});
     expect_close(got, gpu_pre_norm(b), "mhc_pre + rmsnorm");
     expect_close(got, cpu_site(b, b.h, true), "CPU");
 }
@@ -606,9 +599,9 @@ TEST_P(CudaMhcPreFirst, WithoutNormAndUnalignedMatchCpu) {
     CPFILL_SKIP_WITHOUT_GPU();
     SCOPED_TRACE(describe(GetParam(), 100));
     const Boundary b = first_site(GetParam(), 100);
-    expect_close(gpu_fused(b, {.norm = false, .first = true}), cpu_site(b, b.h, false),
+    expect_close(gpu_fused(b, {.norm = false, .op = FusedOp::PreFirst}), cpu_site(b, b.h, false),
                  "CPU, no norm");
-    expect_close(gpu_fused(b, {.offset = 1, .first = true}), cpu_site(b, b.h, true),
+    expect_close(gpu_fused(b, {.offset = 1, .op = FusedOp::PreFirst}), cpu_site(b, b.h, true),
                  "CPU, unaligned");
 }
 
@@ -619,8 +612,9 @@ TEST_P(CudaMhcPreFirst, Bf16ResidualEqualsFp32) {
     SCOPED_TRACE(describe(GetParam(), 110));
     const Boundary b = first_site(GetParam(), 110, true);
     for (size_t off : {size_t{0}, size_t{1}}) {
-        const BoundaryOut f = gpu_fused(b, {.offset = off, .first = true});
-        const BoundaryOut g = gpu_fused(b, {.offset = off, .bf16_h = true, .first = true});
+        const BoundaryOut f = gpu_fused(b, {.offset = off, .op = FusedOp::PreFirst});
+        const BoundaryOut g =
+            gpu_fused(b, {.offset = off, .bf16_h = true, .op = FusedOp::PreFirst});
         EXPECT_TRUE(f.post == g.post && f.comb == g.comb && f.y == g.y) << "offset " << off;
         expect_close(g, cpu_site(b, b.h, true), "CPU with a bf16 h");
     }
@@ -647,7 +641,7 @@ TEST_P(CudaMhcPostPreFirst, ReadsStreamZeroAloneAndEqualsPostPre) {
                              << "bf16 h " << bf16_h << ", offset " << off << ", norm " << norm);
                 const FusedOptions all{.norm = norm, .offset = off, .bf16_h = bf16_h};
                 FusedOptions one = all;
-                one.first_boundary = true;
+                one.op = FusedOp::PostPreFirst;
                 const BoundaryOut want = gpu_fused(b, all), got = gpu_fused(b, one);
                 EXPECT_TRUE(got.h == want.h) << "h";
                 EXPECT_TRUE(got.post == want.post && got.comb == want.comb) << "post / comb";
@@ -662,6 +656,60 @@ TEST_P(CudaMhcPostPreFirst, ReadsStreamZeroAloneAndEqualsPostPre) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMhcPostPreFirst, ::testing::ValuesIn(kBoundaryShapes));
+
+// ---- embed_streams ----
+
+// Streams 0 … written − 1 of each row get the token's embedding (widened to fp32, or copied as
+// bf16); the other streams keep what they held.
+TEST(CudaEmbedStreams, WritesTheFirstStreamsAndLeavesTheRest) {
+    CPFILL_SKIP_WITHOUT_GPU();
+    const int64_t vocab = 11, D = 36;
+    const int hc = 4;
+    const std::vector<int32_t> tokens = {3, 0, 10, 3, 7};
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    const std::vector<uint16_t> table = to_bf16(random_f32(vocab * D, 7));
+    auto dtable = upload(table), dtokens = upload(tokens);
+    for (bool bf16_h : {false, true})
+        for (int written : {1, 2, hc}) {
+            SCOPED_TRACE(::testing::Message() << "bf16 h " << bf16_h << ", written " << written);
+            const std::vector<uint16_t> before = to_bf16(random_f32(n * hc * D, 8));
+            std::vector<float> h;  // after the call, widened
+            if (bf16_h) {
+                auto dh = upload(before);
+                ops::cuda::embed_streams(dtable.as<__nv_bfloat16>(), dtokens.as<int32_t>(), n, D,
+                                         hc, written, dh.as<__nv_bfloat16>(), nullptr);
+                for (uint16_t v : download<uint16_t>(dh, before.size()))
+                    h.push_back(bf16_to_f32(v));
+            } else {
+                std::vector<float> before_f;
+                for (uint16_t v : before) before_f.push_back(bf16_to_f32(v));
+                auto dh = upload(before_f);
+                ops::cuda::embed_streams(dtable.as<__nv_bfloat16>(), dtokens.as<int32_t>(), n, D,
+                                         hc, written, dh.as<float>(), nullptr);
+                h = download<float>(dh, before_f.size());
+            }
+            size_t wrong = 0;
+            for (int64_t t = 0; t < n; ++t)
+                for (int j = 0; j < hc; ++j)
+                    for (int64_t c = 0; c < D; ++c) {
+                        const size_t i = static_cast<size_t>((t * hc + j) * D + c);
+                        const uint16_t want = j < written ? table[tokens[t] * D + c] : before[i];
+                        wrong += h[i] != bf16_to_f32(want);
+                    }
+            EXPECT_EQ(wrong, 0u) << "of " << h.size() << " values";
+        }
+}
+
+// A count of streams outside 1 … hc is refused before anything runs (no GPU needed).
+TEST(CudaEmbedStreams, WrittenOutsideOneToHcIsAnError) {
+    for (int written : {0, 5, -1})
+        EXPECT_THROW(ops::cuda::embed_streams(nullptr, nullptr, 0, 4096, 4, written,
+                                              static_cast<float*>(nullptr), nullptr),
+                     Error)
+            << "written " << written;
+    EXPECT_NO_THROW(ops::cuda::embed_streams(nullptr, nullptr, 0, 4096, 4, 1,
+                                             static_cast<float*>(nullptr), nullptr));
+}
 
 TEST(CudaMhcPostPreEdge, ZeroRowsLaunchesNothing) {
     CPFILL_SKIP_WITHOUT_GPU();

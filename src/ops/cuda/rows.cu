@@ -73,24 +73,29 @@ void rerange_rows(const void* in, int cp, int64_t n_local, int64_t row_bytes, in
     }
 }
 
-void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
-                   int hc, int written, float* h, cudaStream_t stream) {
-    if (n == 0) return;
+namespace {
+
+template <class H>
+void embed_impl(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
+                int hc, int written, H* h, cudaStream_t stream) {
     CPFILL_CHECK(written >= 1 && written <= hc,
                  "embed_streams: written must be 1 to hc = {}, found {}", hc, written);
+    if (n == 0) return;
     embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
                                                                    written, h);
     CPFILL_CUDA_CHECK(cudaGetLastError());
 }
 
+}  // namespace
+
+void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
+                   int hc, int written, float* h, cudaStream_t stream) {
+    embed_impl(embed, tokens, n, d_model, hc, written, h, stream);
+}
+
 void embed_streams(const __nv_bfloat16* embed, const int32_t* tokens, int64_t n, int64_t d_model,
                    int hc, int written, __nv_bfloat16* h, cudaStream_t stream) {
-    if (n == 0) return;
-    CPFILL_CHECK(written >= 1 && written <= hc,
-                 "embed_streams: written must be 1 to hc = {}, found {}", hc, written);
-    embed_kernel<<<blocks_for(n * d_model), kThreads, 0, stream>>>(embed, tokens, n, d_model, hc,
-                                                                   written, h);
-    CPFILL_CUDA_CHECK(cudaGetLastError());
+    embed_impl(embed, tokens, n, d_model, hc, written, h, stream);
 }
 
 void hash_lookup(const int64_t* tid2eid, const int32_t* tokens, int64_t n, int top_k, int64_t* out,
