@@ -21,8 +21,10 @@ namespace {
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
 
-std::FILE* g_out = nullptr;
-std::mutex g_mu;
+// File-scope state, against the rule of no globals: CUPTI calls back plain functions with no user
+// pointer, and an injection library lives as long as the process.
+std::FILE* g_out = nullptr;  // the trace; closed by finish()
+std::mutex g_mu;             // CUPTI may complete buffers on its own threads
 
 void check(CUptiResult r, const char* what) {
     if (r == CUPTI_SUCCESS) return;
