@@ -13,7 +13,9 @@
 # span, the time some GPU work ran and the idle rest; for segment $TIMELINE_SEGMENT (default 2,
 # the first timed run) the idle time summed by the work that ended it and its 15 largest gaps, each
 # with how long before the gap's end the host had queued that work (late host: queued after the
-# GPU went idle; otherwise it waited for another stream, an event or a copy).
+# GPU went idle; otherwise it waited for another stream, an event or a copy). Recording every
+# runtime and driver call slows the host a little (CUPTI: of the order of a microsecond a call),
+# so the late-host gaps are an upper bound; the segments' spans are not the bench's TTFT.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
