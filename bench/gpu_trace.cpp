@@ -73,7 +73,6 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
     CUpti_Activity* rec = nullptr;
     while (g_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
         switch (rec->kind) {
-            case CUPTI_ACTIVITY_KIND_KERNEL:
             case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
                 const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
                 write('K', k->start, k->end, k->streamId, k->correlationId, 0,

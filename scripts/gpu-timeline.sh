@@ -15,7 +15,8 @@
 # with how long before the gap's end the host had queued that work (late host: queued after the
 # GPU went idle; otherwise it waited for another stream, an event or a copy). Recording every
 # runtime and driver call slows the host a little (CUPTI: of the order of a microsecond a call),
-# so the late-host gaps are an upper bound; the segments' spans are not the bench's TTFT.
+# so the late-host gaps are an upper bound; the segments' spans are not the bench's TTFT. Exits
+# non-zero when the bench fails or the trace has fewer prefills than the segment asked for.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${1:-build-gpu}
@@ -36,7 +37,7 @@ CUDA_INJECTION64_PATH=$(realpath "$lib") CPFILL_TRACE_OUT=$raw \
     "$build/cpfill" bench "${args[@]}" --repeat 2 --warmup 1 --no-ceilings --no-exposed \
     >"$out/timeline-$tag.log" 2>&1
 rc=$?
-gzip -c "$raw" >"$out/timeline-$tag.tsv.gz"
+gzip -c "$raw" >"$out/timeline-$tag.tsv.gz" || rc=1
 {
     grep -E '^[RD]' "$raw"
     grep -E '^[KCS]' "$raw" | sort -t "$(printf '\t')" -k2,2n
@@ -62,6 +63,11 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz"
         prev = $7
     }
     END {
+        if (seg < want) {  # CUPTI recorded nothing, or the command ran fewer prefills
+            printf "gpu-timeline: the trace holds %d prefill(s) (embed_kernel), segment %d " \
+                "asked for\n", seg, want > "/dev/stderr"
+            exit 2
+        }
         printf "%-8s %10s %10s %10s\n", "segment", "span ms", "busy ms", "idle ms"
         for (s = 1; s <= seg; ++s)
             printf "%-8d %10.3f %10.3f %10.3f\n", s, (last[s] - first[s]) / 1e6,
@@ -86,6 +92,6 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz"
             late = gq[k] >= 0 && gq[k] < gl[k] ? "  (late host)" : ""
             printf "%9.1f %14s  %s -> %s%s\n", gl[k] / 1e3, q, gp[k], gn[k], late
         }
-    }' >"$out/timeline-$tag.txt"
+    }' >"$out/timeline-$tag.txt" || rc=1
 cat "$out/timeline-$tag.txt"
 exit $rc

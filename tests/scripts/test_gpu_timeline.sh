@@ -15,6 +15,7 @@ mkdir -p "$tmp/build/bench"
 # Segment 2: embed 60–61, gather 64–65 (a 3 µs gap), a copy 80–81 (15 µs).
 cat >"$tmp/build/cpfill" <<'FAKE'
 #!/usr/bin/env bash
+[ "${FAKE_EMPTY:-0}" = 1 ] && { : >"$CPFILL_TRACE_OUT"; exit 0; }  # CUPTI recorded nothing
 {
     printf 'R\t900\t950\t0\t1\t7\tcudaLaunchKernel\n'
     printf 'K\t1000\t2000\t7\t1\t0\tembed_kernel\n'
@@ -58,4 +59,18 @@ zcat "$tmp/out/timeline-bench.tsv.gz" | grep -q 'nvjet_x' || {
     status=1
 }
 [ $status = 0 ] || cat "$txt"
+# An empty trace (CUPTI recorded nothing) and a segment past the last are errors, said as such.
+expect_error() {  # expect_error <FAKE_EMPTY> <TIMELINE_SEGMENT>
+    if FAKE_EMPTY=$1 TIMELINE_SEGMENT=$2 OUT=$tmp/out2 "$root/scripts/gpu-timeline.sh" \
+        "$tmp/build" >"$tmp/log2" 2>&1; then
+        echo "empty $1, segment $2: gpu-timeline.sh succeeded"
+        status=1
+    elif ! grep -q 'gpu-timeline: the trace holds .* prefill(s)' "$tmp/log2"; then
+        echo "empty $1, segment $2: no error naming the prefills:"
+        cat "$tmp/log2"
+        status=1
+    fi
+}
+expect_error 1 1
+expect_error 0 3
 exit $status
