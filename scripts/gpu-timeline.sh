@@ -61,6 +61,7 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz" || rc=1
         if ($3 > busy_end) busy_end = $3
         last[seg] = busy_end
         prev = $7
+        if (seg == want) { kt[$7] += $3 - $2; kn[$7]++ }
     }
     END {
         if (seg < want) {  # CUPTI recorded nothing, or the command ran fewer prefills
@@ -91,6 +92,17 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz" || rc=1
             q = gq[k] < 0 ? "?" : sprintf("%.1f", gq[k] / 1e3)
             late = gq[k] >= 0 && gq[k] < gl[k] ? "  (late host)" : ""
             printf "%9.1f %14s  %s -> %s%s\n", gl[k] / 1e3, q, gp[k], gn[k], late
+        }
+        # Each kernel, copy and memset as it ran in this prefill, beside the others (Nsight
+        # Compute times them one at a time): its summed duration, largest first.
+        printf "\nsegment %d: time by work (summed durations; work on two streams overlaps)\n", want
+        printf "%10s %6s  %s\n", "ms", "runs", "work"
+        m = 0
+        for (k in kt) kk[++m] = k
+        for (i = 1; i <= m && i <= 25; ++i) {
+            for (j = i + 1; j <= m; ++j)
+                if (kt[kk[j]] > kt[kk[i]]) { t = kk[i]; kk[i] = kk[j]; kk[j] = t }
+            printf "%10.3f %6d  %s\n", kt[kk[i]] / 1e6, kn[kk[i]], kk[i]
         }
     }' >"$out/timeline-$tag.txt" || rc=1
 cat "$out/timeline-$tag.txt"

@@ -50,6 +50,9 @@ expect '^ +0\.011 +1  gather_kernel$'
 expect '^ +0\.010 +1  nvjet_x$'
 expect '^ +11\.0 +8\.0  mhc_post_mix_kernel -> gather_kernel \(stream 7\)  \(late host\)$'
 expect '^ +10\.0 +15\.0  gather_kernel -> nvjet_x \(stream 9\)$'
+# Time by work: every record of segment 1 with its own duration (mhc 6.9 µs, embed 1.0 µs).
+expect '^ +0\.007 +1  mhc_post_mix_kernel$'
+expect '^ +0\.001 +1  embed_kernel$'
 if grep -q 'embed_kernel -> mhc' "$txt"; then
     echo "a gap under 2 us was listed"
     status=1
