@@ -13,9 +13,13 @@
 # span, the time some GPU work ran and the idle rest; for segment $TIMELINE_SEGMENT (default 2,
 # the first timed run) the idle time summed by the work that ended it and its 15 largest gaps, each
 # with how long before the gap's end the host had queued that work (late host: queued after the
-# GPU went idle; otherwise it waited for another stream, an event or a copy). Recording every
+# GPU went idle; otherwise it waited for another stream, an event or a copy), and the time by work
+# (each kernel's, copy's or memset's summed duration as it ran in that prefill). Recording every
 # runtime and driver call slows the host a little (CUPTI: of the order of a microsecond a call),
-# so the late-host gaps are an upper bound; the segments' spans are not the bench's TTFT. Exits
+# so the late-host gaps are an upper bound; the segments' spans are not the bench's TTFT: a segment
+# runs to the next embed_kernel, so it holds the bench's own host time before the next run (a gap
+# of some ms ending at that run's first kernel, iota_kernel), and the last segment is the one
+# without it. Exits
 # non-zero when the bench fails or the trace has fewer prefills than the segment asked for.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
