@@ -90,6 +90,33 @@ int64_t gpu_moe_plan_experts(const GpuCtx& c, const GpuWeights& W, const GpuLaye
     return made;
 }
 
+void gpu_moe_begin(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
+                   const GpuLayer& L, const bf16* y, int64_t rows, cudaEvent_t routed,
+                   GpuMoeScratch& s) {
+    const int E = W.cfg.n_experts;
+    const int64_t D = W.cfg.d_model, width = W.width;
+    c.phase(Phase::Moe);
+    if (L.w13.fp4()) {  // this layer's fp4 experts re-encoded into fp8 tiles (gpu_moe_experts)
+        oc::fp4_to_fp8_tiles(L.w13.data.as<uint8_t>(), L.w13.scale.as<uint8_t>(), E, 2 * width, D,
+                             s.w13_q, s.w13_s, s.tile_k, nullptr, c.stream);
+        oc::fp4_to_fp8_tiles(L.w2.data.as<uint8_t>(), L.w2.scale.as<uint8_t>(), E, D, width, s.w2_q,
+                             s.w2_s, s.tile_k + oc::fp4_tile_scratch(E, 2 * width, D), nullptr,
+                             c.stream);
+    }
+    // The router's stream first: its small kernels would otherwise wait for the multiprocessors
+    // behind the shared expert's GEMM, which fills them all (measured, session 48).
+    CPFILL_CUDA_CHECK(cudaStreamWaitEvent(c.stream, routed, 0));
+    // Where the expert streams start: y and the routing have arrived, the weights are ready and
+    // every earlier reader of this scratch (the previous sub-batch's experts, joined back) is
+    // behind.
+    CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
+    if (shared_expert_folded(L)) return;
+    gpu_linear(c, L.shared_w13, y, D, rows, s.gu_shared, nullptr, 2 * width);
+    oc::swiglu(s.gu_shared, rows, width, float(W.cfg.swiglu_limit), nullptr, s.act_shared,
+               c.stream);
+    gpu_linear(c, L.shared_w2, s.act_shared, width, rows, nullptr, s.acc, D);
+}
+
 void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
                      const GpuLayer& L, const bf16* y, int64_t rows, const GpuRouteScratch& r,
                      GpuMoeScratch& s, bf16* out) {
@@ -106,13 +133,8 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         int64_t spm;
         oc::Fp8Blocks blocks;
     } w13{}, w2{};
-    if (L.w13.fp4()) {
+    if (L.w13.fp4()) {  // re-encoded by gpu_moe_begin
         const oc::Fp8Blocks t = oc::Fp8Blocks::Tile128;
-        oc::fp4_to_fp8_tiles(L.w13.data.as<uint8_t>(), L.w13.scale.as<uint8_t>(), E, 2 * width, D,
-                             s.w13_q, s.w13_s, s.tile_k, nullptr, c.stream);
-        oc::fp4_to_fp8_tiles(L.w2.data.as<uint8_t>(), L.w2.scale.as<uint8_t>(), E, D, width, s.w2_q,
-                             s.w2_s, s.tile_k + oc::fp4_tile_scratch(E, 2 * width, D), nullptr,
-                             c.stream);
         w13 = {s.w13_q, s.w13_s, ops::fp8_scale_count(2 * width, D, t), t};
         w2 = {s.w2_q, s.w2_s, ops::fp8_scale_count(D, width, t), t};
     } else if (fp8) {
@@ -137,13 +159,6 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
     CPFILL_CHECK(first[E] == n_assign, "expert counts sum to {}, expected {}", first[E], n_assign);
     first[E + 1] = first[E] + shared_rows;
     pfirst[E + 1] = pfirst[E] + oc::padded_rows(shared_rows);
-    if (fp8) {
-        oc::expert_offsets(r.counts, E, s.first, s.pfirst, c.stream, shared_rows);
-        oc::gather_quant_fp8(y, D, r.perm, K, r.weight, r.counts, s.first, s.pfirst, E, pfirst[En],
-                             s.xq, s.xs, s.sp, s.inv, c.stream, shared_rows);
-    } else {
-        oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, c.stream);
-    }
     // Routed experts: cpfill's grouped fp8 GEMM (gate_up, one SwiGLU, down) on the compute stream
     // before the shared expert — a persistent kernel that fills every multiprocessor, which a GEMM
     // beside it would only delay (measured: 2% slower at 64k tokens); or beside the shared expert
@@ -162,8 +177,24 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
         (es.bf16_grouped_max_mean_rows == 0 || n_assign <= es.bf16_grouped_max_mean_rows * E);
     const bool grouped = (es.grouped && !fp8 && !bf16_grouped) || fp8_grouped;
     const int ns = fp8_grouped || bf16_grouped ? 0 : grouped ? 1 : es.count;
-    CPFILL_CUDA_CHECK(cudaEventRecord(es.fork, c.stream));
-    for (int i = 0; i < ns; ++i) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.fork, 0));
+    // The gather by expert: on the compute stream before a grouped kernel there; before the expert
+    // streams on stream 0, which starts at gpu_moe_begin's fork, so that it does not wait for the
+    // shared expert queued on the compute stream since (the routing it reads is complete: the host
+    // waited for it before this call).
+    const cudaStream_t gs = ns > 0 ? es.stream[0] : c.stream;
+    if (ns > 0) CPFILL_CUDA_CHECK(cudaStreamWaitEvent(gs, es.fork, 0));
+    if (fp8) {
+        oc::expert_offsets(r.counts, E, s.first, s.pfirst, gs, shared_rows);
+        oc::gather_quant_fp8(y, D, r.perm, K, r.weight, r.counts, s.first, s.pfirst, E, pfirst[En],
+                             s.xq, s.xs, s.sp, s.inv, gs, shared_rows);
+    } else {
+        oc::gather_by_expert(y, D, r.perm, n_assign, K, r.weight, s.xp, s.sp, s.inv, gs);
+    }
+    if (ns > 1) {
+        CPFILL_CUDA_CHECK(cudaEventRecord(es.join[0], gs));  // the gathered rows
+        for (int i = 1; i < ns; ++i)
+            CPFILL_CUDA_CHECK(cudaStreamWaitEvent(es.stream[i], es.join[0], 0));
+    }
     if (fp8_grouped) {
         const cudaStream_t st = c.stream;
         oc::GroupedFp8Gemm g;
@@ -268,13 +299,6 @@ void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeigh
             oc::linear_bf16(g, act, m, width, L.w2.bf16() + e * D * width, D, op, nullptr, false,
                             st);
         }
-    }
-    // Shared expert (this rank's slice) over all rows on the compute stream meanwhile, in fp32,
-    // unless it ran as expert E.
-    if (!fold) {
-        gpu_linear(c, L.shared_w13, y, D, rows, s.gu_shared, nullptr, 2 * width);
-        oc::swiglu(s.gu_shared, rows, width, limit, nullptr, s.act_shared, c.stream);
-        gpu_linear(c, L.shared_w2, s.act_shared, width, rows, nullptr, s.acc, D);
     }
     for (int i = 0; i < ns; ++i) {
         CPFILL_CUDA_CHECK(cudaEventRecord(es.join[i], es.stream[i]));

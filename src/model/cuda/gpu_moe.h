@@ -121,9 +121,21 @@ bool shared_expert_folded(const GpuLayer& L);
 int64_t gpu_moe_plan_experts(const GpuCtx& c, const GpuWeights& W, const GpuLayer& L,
                              int64_t max_rows);
 
-// On c.stream (compute), once r is complete and its counts are on the host: the per-expert GEMMs
-// over contiguous rows (spread over `es`, joined back before the combine), the shared expert on
-// c.stream meanwhile, the weighted sum → out bf16 [rows, d_model].
+// The routing-free start of layer L's MoE on c.stream (compute), once y has arrived: fp4 experts
+// re-encoded into fp8 tiles; then, after `routed` (the router's stream done), es.fork recorded
+// (where the expert streams start) and the shared expert (this rank's slice) over all rows into
+// s.acc (fp32), unless it runs as expert E of the grouped fp8 kernel (shared_expert_folded). The
+// runner calls it before the host waits for the router's counts, so the shared expert hides that
+// wait and the launches after it (docs/performance-notes.md, sessions 47–48). gpu_moe_experts
+// follows it.
+void gpu_moe_begin(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
+                   const GpuLayer& L, const bf16* y, int64_t rows, cudaEvent_t routed,
+                   GpuMoeScratch& s);
+
+// After gpu_moe_begin, once r is complete and its counts are on the host: the gather by expert,
+// the routed experts (a grouped kernel on c.stream, or GEMMs per expert spread over `es` from
+// es.fork, joined back before the combine), the weighted sum with the shared expert's → out bf16
+// [rows, d_model] on c.stream.
 void gpu_moe_experts(const GpuCtx& c, const GpuExpertStreams& es, const GpuWeights& W,
                      const GpuLayer& L, const bf16* y, int64_t rows, const GpuRouteScratch& r,
                      GpuMoeScratch& s, bf16* out);

@@ -447,12 +447,20 @@ void Runner::moe_route(int si, int li) {
 // This rank's expert slices over every row into the reduce-scatter's send buffer.
 void Runner::moe_experts(int si, int li) {
     SubState& s = ws_.subs[si];
-    // The expert GEMMs are sized from the counts: the host waits for the router stream only.
-    wait_event(routed_[si].native(), *ctx_.flag, ctx_.deadline, "MoE routing");
+    const bf16* y = s.recv[slot(Exchange::MoeInputs)];
+    // The shared expert first, on the compute stream after the router's: it needs no routing, so
+    // the GPU works while the host waits for the counts and queues the routed experts, whose GEMMs
+    // are sized from them.
+    gpu_moe_begin(ctx_, dev_.experts, W_, W_.layers[li], y, s.padded, routed_[si].native(),
+                  ws_.moe);
+    // Polled without sleeping: the host gets here long before the counts (up to a layer ahead),
+    // and a sleeping host woke 60–250 µs late, with nothing queued for the GPU to run meanwhile
+    // once the shared expert is done or folded (docs/performance-notes.md, session 48).
+    wait_event(routed_[si].native(), *ctx_.flag, ctx_.deadline, "MoE routing",
+               std::chrono::milliseconds(500));
     ctx_.phase(Phase::Moe);
-    routed_[si].make_wait(dev_.compute);
-    gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], s.recv[slot(Exchange::MoeInputs)],
-                    s.padded, s.route, ws_.moe, s.send[slot(Exchange::MoeSums)]);
+    gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], y, s.padded, s.route, ws_.moe,
+                    s.send[slot(Exchange::MoeSums)]);
     if (opt_.record_topk && out_) record_routes(s, li);
 }
 

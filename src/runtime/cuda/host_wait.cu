@@ -19,7 +19,7 @@ void wait_stream(cudaStream_t stream, const AbortFlag& flag, std::chrono::millis
 }
 
 void wait_event(cudaEvent_t ev, const AbortFlag& flag, std::chrono::milliseconds deadline,
-                const std::string& what) {
+                const std::string& what, std::chrono::milliseconds spin) {
     const auto t0 = std::chrono::steady_clock::now();
     auto sleep = std::chrono::microseconds(5);
     for (;;) {
@@ -32,6 +32,10 @@ void wait_event(cudaEvent_t ev, const AbortFlag& flag, std::chrono::milliseconds
         if (std::chrono::steady_clock::now() - t0 > deadline)
             CPFILL_FAIL("{}: no progress within {} ms (a peer rank stalled or died?)", what,
                         deadline.count());
+        if (std::chrono::steady_clock::now() - t0 < spin) {
+            std::this_thread::yield();
+            continue;
+        }
         std::this_thread::sleep_for(sleep);
         sleep = std::min(sleep * 2, std::chrono::microseconds(200));
     }

@@ -35,8 +35,11 @@ class AbortFlag {
 // error, when `flag` is raised ("stopped: rank … failed: …") or after `deadline` naming `what`.
 void wait_stream(cudaStream_t stream, const AbortFlag& flag, std::chrono::milliseconds deadline,
                  const std::string& what);
-// The same for an event already recorded.
+// The same for an event already recorded. For its first `spin` it polls without sleeping (a
+// sleep lasts at least the kernel's timer slack, ≈ 50 µs, and backs off to 200 µs): for waits on
+// a prefill's critical path, which the host reaches early (the router's counts, once per layer).
 void wait_event(cudaEvent_t event, const AbortFlag& flag, std::chrono::milliseconds deadline,
-                const std::string& what);
+                const std::string& what,
+                std::chrono::milliseconds spin = std::chrono::milliseconds(0));
 
 }  // namespace cpfill::cuda
