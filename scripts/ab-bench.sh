@@ -9,8 +9,11 @@
 #                                       build-gpu, as scripts/gpu-check.sh does), then ROUNDS
 #                                       (default 2) rounds of base and this; results under $OUT
 #                                       (or ./gpu-out): ab.md (each run's result rows, the first
-#                                       column naming the run), ab-benches.tgz (every run's
-#                                       output), ab-build.log
+#                                       column naming the run, then the summary below),
+#                                       ab-benches.tgz (every run's output), ab-build.log
+#   scripts/ab-bench.sh summary AB.md   the summary of an ab.md: per bench row (cp, TBO, weights,
+#                                       length) the TTFT of every base and every this run and the
+#                                       change of their means (ms, %)
 # Default bench arguments: --preset flash-slice --lengths 8k,64k --cp 1 --tbo off --weights
 # bf16,fp8 --repeat 3. Carry [".cache/ab-base", ".cache/gpu-deps"] (the build needs cpp-httplib).
 # The base is built with this tree's build settings; AB_TIMEOUT (s, default 150) bounds each bench.
@@ -28,8 +31,55 @@ if [ "$mode" = prepare ]; then
     echo "ab-bench: .cache/ab-base holds $(git log -1 --format='%h %s' "$sha")"
     exit 0
 fi
+# The summary of an ab.md (stdout): the TTFT column found by its header, each row keyed by the
+# four columns before TFLOP (cp, TBO, weights, length), in the order first seen.
+summary() {
+    awk -F'|' '
+        function trim(x) { gsub(/^ +| +$/, "", x); return x }
+        {
+            if ($0 !~ /^\| (base|this) [0-9]+ \|/) next
+            split(trim($2), run, " ")
+            if ($0 ~ /TTFT ms/) {  # a header: where TTFT is, and that its rows follow
+                col = 0
+                for (i = 3; i <= NF; ++i) if (trim($i) == "TTFT ms") col = i
+                in_ttft[run[1] run[2]] = col
+                next
+            }
+            if (trim($3) == "cp") { in_ttft[run[1] run[2]] = 0; next }  # another table
+            c = in_ttft[run[1] run[2]]
+            if (!c) next
+            key = trim($3) " | " trim($4) " | " trim($5) " | " trim($6)
+            if (!(key in seen)) { seen[key] = 1; order[++n] = key }
+            v = trim($c) + 0
+            list[key, run[1]] = list[key, run[1]] (list[key, run[1]] == "" ? "" : " / ") trim($c)
+            sum[key, run[1]] += v; cnt[key, run[1]]++
+        }
+        END {
+            if (n == 0) { print "ab-bench: no TTFT rows in the table" > "/dev/stderr"; exit 1 }
+            print "| cp | TBO | weights | length | base TTFT ms | this TTFT ms | change ms | change |"
+            print "|---|---|---|---|---:|---:|---:|---:|"
+            for (i = 1; i <= n; ++i) {
+                k = order[i]
+                if (!cnt[k, "base"] || !cnt[k, "this"]) {
+                    printf "| %s | %s | %s | – | – |\n", k, list[k, "base"], list[k, "this"]
+                    continue
+                }
+                b = sum[k, "base"] / cnt[k, "base"]; t = sum[k, "this"] / cnt[k, "this"]
+                printf "| %s | %s | %s | %+.1f | %+.1f%% |\n", k, list[k, "base"], list[k, "this"],
+                    t - b, 100 * (t - b) / b
+            }
+        }' "$1"
+}
+if [ "$mode" = summary ]; then
+    [ -f "${1:-}" ] || {
+        echo "usage: scripts/ab-bench.sh summary AB.md (no file ${1:-given})" >&2
+        exit 2
+    }
+    summary "$1"
+    exit
+fi
 if [ "$mode" != run ]; then
-    echo "usage: scripts/ab-bench.sh prepare [REV] | run [ROUNDS] [bench arguments…]" >&2
+    echo "usage: scripts/ab-bench.sh prepare [REV] | run [ROUNDS] [bench arguments…] | summary AB.md" >&2
     exit 2
 fi
 [ -f .cache/ab-base/.ab-revision ] || {
@@ -85,5 +135,8 @@ for ((r = 1; r <= rounds; ++r)); do
     done
 done
 tar czf "$out/ab-benches.tgz" -C "$runs" . && rm -rf "$runs"
+sum=$(summary "$table") || status=1
+printf '\n## Summary\n\n%s\n' "$sum" >>"$table"
+printf '%s\n' "$sum"
 echo "ab-bench: $table ($rounds rounds, status $status)"
 exit $status

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# scripts/ab-bench.sh's summary of an ab.md (label unit; no GPU): a table as `run` writes it, two
+# rounds, with the bench's phase and projection tables between the TTFT rows (their numbers must
+# not be taken for TTFTs) and a row only the base gave. Fails with the line it expected.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ab=$tmp/ab.md
+{
+    echo "# ab-bench: base 0123456789 against this tree, 2 rounds"
+    echo
+    for r in 1 2; do
+        for side in base this; do
+            # TTFT: base 8k 50 / 52 (mean 51), this 49 / 50 (49.5); 64k base 360 / 362, this 361 / 365.
+            b8=$([ $side = base ] && echo $((48 + 2 * r)) || echo $((48 + r)))
+            b64=$([ $side = base ] && echo $((358 + 2 * r)) || echo $((357 + 4 * r)))
+            echo "| $side $r | cp | TBO | weights | length | TFLOP | TTFT ms | tokens/s | MFU |"
+            echo "| $side $r | 1 | off | bf16 | 8k | 20.27 | $b8.0 | 157365 | 39.4% |"
+            echo "| $side $r | 1 | off | bf16 | 64k in 32k chunks | 172.27 | $b64.0 | 176782 | 47.0% |"
+            [ $side = base ] && echo "| $side $r | 2 | on | fp8 | 8k | 20.27 | 30.0 | 1 | 1% |"
+            echo "| $side $r | cp | TBO | weights | length | attention | indexer | MoE |"
+            echo "| $side $r | 1 | off | bf16 | 8k | 14.92 | 0.90 | 27.85 |"
+            echo "| $side $r | cp | TBO | weights | length | model | projected TTFT ms |"
+            echo "| $side $r | 1 | off | bf16 | 8k | V4-Flash | 592.9 |"
+        done
+    done
+} >"$ab"
+if ! "$root/scripts/ab-bench.sh" summary "$ab" >"$tmp/out" 2>&1; then
+    echo "ab-bench.sh summary failed:"
+    cat "$tmp/out"
+    exit 1
+fi
+status=0
+expect() {  # expect <extended regex>: a line of the summary must match it
+    grep -Eq -- "$1" "$tmp/out" || {
+        echo "expected a line matching: $1"
+        status=1
+    }
+}
+expect '^\| 1 \| off \| bf16 \| 8k \| 50\.0 / 52\.0 \| 49\.0 / 50\.0 \| -1\.5 \| -2\.9% \|$'
+expect '^\| 1 \| off \| bf16 \| 64k in 32k chunks \| 360\.0 / 362\.0 \| 361\.0 / 365\.0 \| \+2\.0 \| \+0\.6% \|$'
+expect '^\| 2 \| on \| fp8 \| 8k \| 30\.0 / 30\.0 \|  \| – \| – \|$'
+[ "$(grep -c '^| [0-9]' "$tmp/out")" = 3 ] || {
+    echo "expected 3 rows (a phase or projection row was taken for a TTFT?)"
+    status=1
+}
+# A table with no TTFT rows is an error, said as such.
+echo "# empty" >"$tmp/empty.md"
+if "$root/scripts/ab-bench.sh" summary "$tmp/empty.md" >"$tmp/out2" 2>&1; then
+    echo "an ab.md without TTFT rows was summarised without an error"
+    status=1
+elif ! grep -q 'no TTFT rows' "$tmp/out2"; then
+    echo "no error naming the missing TTFT rows:"
+    cat "$tmp/out2"
+    status=1
+fi
+[ $status = 0 ] || cat "$tmp/out"
+exit $status
