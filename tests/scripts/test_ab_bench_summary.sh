@@ -31,16 +31,11 @@ if ! "$root/scripts/ab-bench.sh" summary "$ab" >"$tmp/out" 2>&1; then
     cat "$tmp/out"
     exit 1
 fi
-status=0
-expect() {  # expect <extended regex>: a line of the summary must match it
-    grep -Eq -- "$1" "$tmp/out" || {
-        echo "expected a line matching: $1"
-        status=1
-    }
-}
-expect '^\| 1 \| off \| bf16 \| 8k \| 50\.0 / 52\.0 \| 49\.0 / 50\.0 \| -1\.5 \| -2\.9% \|$'
-expect '^\| 1 \| off \| bf16 \| 64k in 32k chunks \| 360\.0 / 362\.0 \| 361\.0 / 365\.0 \| \+2\.0 \| \+0\.6% \|$'
-expect '^\| 2 \| on \| fp8 \| 8k \| 30\.0 / 30\.0 \|  \| – \| – \|$'
+# shellcheck source=tests/scripts/expect_lines.sh
+. "$root/tests/scripts/expect_lines.sh"
+expect "$tmp/out" '^\| 1 \| off \| bf16 \| 8k \| 50\.0 / 52\.0 \| 49\.0 / 50\.0 \| -1\.5 \| -2\.9% \|$'
+expect "$tmp/out" '^\| 1 \| off \| bf16 \| 64k in 32k chunks \| 360\.0 / 362\.0 \| 361\.0 / 365\.0 \| \+2\.0 \| \+0\.6% \|$'
+expect "$tmp/out" '^\| 2 \| on \| fp8 \| 8k \| 30\.0 / 30\.0 \|  \| – \| – \|$'
 [ "$(grep -c '^| [0-9]' "$tmp/out")" = 3 ] || {
     echo "expected 3 rows (a phase or projection row was taken for a TTFT?)"
     status=1

@@ -37,22 +37,17 @@ if ! OUT=$tmp/out TIMELINE_SEGMENT=1 "$root/scripts/gpu-timeline.sh" "$tmp/build
     exit 1
 fi
 txt=$tmp/out/timeline-bench.txt
-status=0
-expect() {  # expect <extended regex>: a line of the summary must match it
-    grep -Eq -- "$1" "$txt" || {
-        echo "expected a line matching: $1"
-        status=1
-    }
-}
-expect '^1 +0\.049 +0\.028 +0\.021$'
-expect '^2 +0\.021 +0\.003 +0\.018$'
-expect '^ +0\.011 +1  gather_kernel$'
-expect '^ +0\.010 +1  nvjet_x$'
-expect '^ +11\.0 +8\.0  mhc_post_mix_kernel -> gather_kernel \(stream 7\)  \(late host\)$'
-expect '^ +10\.0 +15\.0  gather_kernel -> nvjet_x \(stream 9\)$'
+# shellcheck source=tests/scripts/expect_lines.sh
+. "$root/tests/scripts/expect_lines.sh"
+expect "$txt" '^1 +0\.049 +0\.028 +0\.021$'
+expect "$txt" '^2 +0\.021 +0\.003 +0\.018$'
+expect "$txt" '^ +0\.011 +1  gather_kernel$'
+expect "$txt" '^ +0\.010 +1  nvjet_x$'
+expect "$txt" '^ +11\.0 +8\.0  mhc_post_mix_kernel -> gather_kernel \(stream 7\)  \(late host\)$'
+expect "$txt" '^ +10\.0 +15\.0  gather_kernel -> nvjet_x \(stream 9\)$'
 # Time by work: every record of segment 1 with its own duration (mhc 6.9 µs, embed 1.0 µs).
-expect '^ +0\.007 +1  mhc_post_mix_kernel$'
-expect '^ +0\.001 +1  embed_kernel$'
+expect "$txt" '^ +0\.007 +1  mhc_post_mix_kernel$'
+expect "$txt" '^ +0\.001 +1  embed_kernel$'
 if grep -q 'embed_kernel -> mhc' "$txt"; then
     echo "a gap under 2 us was listed"
     status=1
