@@ -46,6 +46,12 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz" || rc=1
     grep -E '^[RD]' "$raw"
     grep -E '^[KCS]' "$raw" | sort -t "$(printf '\t')" -k2,2n
 } | awk -F'\t' -v want="${TIMELINE_SEGMENT:-2}" '
+    # keys[1..n] reordered so that its first `limit` are the largest of val[keys[…]], largest first.
+    function top(val, keys, n, limit,   i, j, t) {
+        for (i = 1; i <= n && i <= limit; ++i)
+            for (j = i + 1; j <= n; ++j)
+                if (val[keys[j]] > val[keys[i]]) { t = keys[i]; keys[i] = keys[j]; keys[j] = t }
+    }
     $1 == "R" || $1 == "D" {  # the earliest call that carries a correlation id queued its work
         if (!($5 in queued) || $2 < queued[$5]) queued[$5] = $2
         next
@@ -81,17 +87,14 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz" || rc=1
         printf "%10s %6s  %s\n", "ms", "gaps", "work"
         n = 0
         for (k in by) keys[++n] = k
-        for (i = 1; i <= n; ++i)  # largest first (n is small)
-            for (j = i + 1; j <= n; ++j)
-                if (by[keys[j]] > by[keys[i]]) { t = keys[i]; keys[i] = keys[j]; keys[j] = t }
+        top(by, keys, n, 20)
         for (i = 1; i <= n && i <= 20; ++i)
             printf "%10.3f %6d  %s\n", by[keys[i]] / 1e6, cnt[keys[i]], keys[i]
         printf "\nsegment %d: the 15 largest gaps\n", want
         printf "%9s %14s  %s\n", "gap us", "queued us", "after -> before"
         for (i = 1; i <= g; ++i) idx[i] = i
+        top(gl, idx, g, 15)
         for (i = 1; i <= g && i <= 15; ++i) {
-            for (j = i + 1; j <= g; ++j)
-                if (gl[idx[j]] > gl[idx[i]]) { t = idx[i]; idx[i] = idx[j]; idx[j] = t }
             k = idx[i]
             q = gq[k] < 0 ? "?" : sprintf("%.1f", gq[k] / 1e3)
             late = gq[k] >= 0 && gq[k] < gl[k] ? "  (late host)" : ""
@@ -103,11 +106,9 @@ gzip -c "$raw" >"$out/timeline-$tag.tsv.gz" || rc=1
         printf "%10s %6s  %s\n", "ms", "runs", "work"
         m = 0
         for (k in kt) kk[++m] = k
-        for (i = 1; i <= m && i <= 25; ++i) {
-            for (j = i + 1; j <= m; ++j)
-                if (kt[kk[j]] > kt[kk[i]]) { t = kk[i]; kk[i] = kk[j]; kk[j] = t }
+        top(kt, kk, m, 25)
+        for (i = 1; i <= m && i <= 25; ++i)
             printf "%10.3f %6d  %s\n", kt[kk[i]] / 1e6, kn[kk[i]], kk[i]
-        }
     }' >"$out/timeline-$tag.txt" || rc=1
 cat "$out/timeline-$tag.txt"
 exit $rc
