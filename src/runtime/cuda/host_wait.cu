@@ -29,10 +29,11 @@ void wait_event(cudaEvent_t ev, const AbortFlag& flag, std::chrono::milliseconds
             CPFILL_FAIL("{}: CUDA error {} ({})", what, cudaGetErrorName(st),
                         cudaGetErrorString(st));
         if (flag.raised()) CPFILL_FAIL("{}: stopped because {}", what, flag.why());
-        if (std::chrono::steady_clock::now() - t0 > deadline)
+        const auto waited = std::chrono::steady_clock::now() - t0;
+        if (waited > deadline)
             CPFILL_FAIL("{}: no progress within {} ms (a peer rank stalled or died?)", what,
                         deadline.count());
-        if (std::chrono::steady_clock::now() - t0 < spin) {
+        if (waited < spin) {
             std::this_thread::yield();
             continue;
         }
