@@ -458,7 +458,6 @@ void Runner::moe_experts(int si, int li) {
     // once the shared expert is done or folded (docs/performance-notes.md, session 48).
     wait_event(routed_[si].native(), *ctx_.flag, ctx_.deadline, "MoE routing",
                std::chrono::milliseconds(500));
-    ctx_.phase(Phase::Moe);
     gpu_moe_experts(ctx_, dev_.experts, W_, W_.layers[li], y, s.padded, s.route, ws_.moe,
                     s.send[slot(Exchange::MoeSums)]);
     if (opt_.record_topk && out_) record_routes(s, li);
