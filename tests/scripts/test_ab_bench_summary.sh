@@ -50,5 +50,14 @@ elif ! grep -q 'no TTFT rows' "$tmp/out2"; then
     cat "$tmp/out2"
     status=1
 fi
+# A missing file is a usage error naming it.
+if "$root/scripts/ab-bench.sh" summary "$tmp/none.md" >"$tmp/out3" 2>&1; then
+    echo "a missing ab.md was summarised without an error"
+    status=1
+elif ! grep -q "no file $tmp/none.md" "$tmp/out3"; then
+    echo "no error naming the missing file:"
+    cat "$tmp/out3"
+    status=1
+fi
 [ $status = 0 ] || cat "$tmp/out"
 exit $status
