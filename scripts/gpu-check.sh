@@ -112,7 +112,26 @@ run_tests() {
         status=1
     fi
 }
-[ "${GPU_CHECK_BENCH_FIRST:-0}" = 1 ] || run_tests
+run_bench() {
+    if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ] && fits bench; then
+        t1=$(date +%s)
+        # shellcheck disable=SC2086
+        timeout "$(cap "${GPU_CHECK_BENCH_TIMEOUT:-400}")" build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
+            --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
+            status=1
+        echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+        if [ -n "${BENCH_ARGS2:-}" ] && fits "bench 2"; then  # a second bench, to compare with
+            t1=$(date +%s)
+            # shellcheck disable=SC2086
+            timeout "$(cap "${GPU_CHECK_BENCH_TIMEOUT:-400}")" env ${BENCH_ENV2:-} build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
+                2>"$out/bench2.log" || status=1
+            echo "bench 2: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
+        fi
+    fi
+}
+# GPU_CHECK_BENCH_FIRST: the benchmark(s) right after the build, then the tests, then the rest.
+[ "${GPU_CHECK_BENCH_FIRST:-0}" = 1 ] && run_bench
+run_tests
 if [ "${GPU_CHECK_KERNELS:-1}" = 1 ] && [ -x build-gpu/bench/kernel_bench ] && fits kernels; then
     {
         timeout "$(cap 120)" build-gpu/bench/kernel_bench --kernel mhc --repeat 20
@@ -143,29 +162,7 @@ fi
 if [ "${GPU_CHECK_CPU:-1}" = 1 ] && [ -d build-gpu/tests ] && fits "cpu tests"; then
     timeout "$(cap 900)" ctest --test-dir build-gpu -L 'unit|golden' -j "$(nproc)" >"$out/cpu-tests.log" 2>&1 || status=1
 fi
-run_bench() {
-    if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -x build-gpu/cpfill ] && fits bench; then
-        t1=$(date +%s)
-        # shellcheck disable=SC2086
-        timeout "$(cap "${GPU_CHECK_BENCH_TIMEOUT:-400}")" build-gpu/cpfill bench ${BENCH_ARGS:---preset flash-slice --lengths 8k,32k,64k --cp 1,2 --tbo off,on --repeat 3} \
-            --json "$out/bench.json" --plot "$out/bench.svg" >"$out/bench.md" 2>"$out/bench.log" ||
-            status=1
-        echo "bench: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
-        if [ -n "${BENCH_ARGS2:-}" ] && fits "bench 2"; then  # a second bench, to compare with
-            t1=$(date +%s)
-            # shellcheck disable=SC2086
-            timeout "$(cap "${GPU_CHECK_BENCH_TIMEOUT:-400}")" env ${BENCH_ENV2:-} build-gpu/cpfill bench $BENCH_ARGS2 --json "$out/bench2.json" >"$out/bench2.md" \
-                2>"$out/bench2.log" || status=1
-            echo "bench 2: $(($(date +%s) - t1)) s" | tee -a "$out/times.txt"
-        fi
-    fi
-}
-if [ "${GPU_CHECK_BENCH_FIRST:-0}" = 1 ]; then
-    run_bench
-    run_tests
-else
-    run_bench
-fi
+[ "${GPU_CHECK_BENCH_FIRST:-0}" = 1 ] || run_bench
 tail -n 25 "$out"/cuda-tests.log "$out"/bench.md "$out"/bench2.md 2>/dev/null
 {
     grep -h -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran" "$out"/cuda-tests.log 2>/dev/null
