@@ -40,24 +40,20 @@ expect "$tmp/out" '^\| 2 \| on \| fp8 \| 8k \| 30\.0 / 30\.0 \|  \| – \| – \
     echo "expected 3 rows (a phase or projection row was taken for a TTFT?)"
     status=1
 }
-# A table with no TTFT rows is an error, said as such.
+# refused FILE PATTERN WHAT: `summary FILE` fails with an error matching PATTERN.
+refused() {
+    if "$root/scripts/ab-bench.sh" summary "$1" >"$tmp/err" 2>&1; then
+        echo "$3 was summarised without an error"
+        status=1
+    elif ! grep -q "$2" "$tmp/err"; then
+        echo "no error naming $3:"
+        cat "$tmp/err"
+        status=1
+    fi
+}
+# A table with no TTFT rows is an error, said as such; a missing file is a usage error naming it.
 echo "# empty" >"$tmp/empty.md"
-if "$root/scripts/ab-bench.sh" summary "$tmp/empty.md" >"$tmp/out2" 2>&1; then
-    echo "an ab.md without TTFT rows was summarised without an error"
-    status=1
-elif ! grep -q 'no TTFT rows' "$tmp/out2"; then
-    echo "no error naming the missing TTFT rows:"
-    cat "$tmp/out2"
-    status=1
-fi
-# A missing file is a usage error naming it.
-if "$root/scripts/ab-bench.sh" summary "$tmp/none.md" >"$tmp/out3" 2>&1; then
-    echo "a missing ab.md was summarised without an error"
-    status=1
-elif ! grep -q "no file $tmp/none.md" "$tmp/out3"; then
-    echo "no error naming the missing file:"
-    cat "$tmp/out3"
-    status=1
-fi
+refused "$tmp/empty.md" 'no TTFT rows' "an ab.md without TTFT rows"
+refused "$tmp/none.md" "no file $tmp/none.md" "a missing ab.md"
 [ $status = 0 ] || cat "$tmp/out"
 exit $status
